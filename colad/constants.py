@@ -1,0 +1,37 @@
+"""Constants of the kubelet device plugin contract, and colad's own fixed names.
+
+Every upstream value names the file it was read from. Nothing here does I/O.
+"""
+
+from typing import Final
+
+# kubernetes/kubelet pkg/apis/deviceplugin/v1beta1/constants.go
+HEALTHY: Final = "Healthy"  # line 21
+UNHEALTHY: Final = "Unhealthy"  # line 23
+VERSION: Final = "v1beta1"  # line 26
+DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"  # line 30
+KUBELET_SOCKET_NAME: Final = "kubelet.sock"  # line 32: DevicePluginPath + "kubelet.sock"
+SUPPORTED_VERSIONS: Final = ("v1beta1",)  # line 48
+
+# kubernetes/kubernetes pkg/kubelet/cm/devicemanager/types.go
+CHECKPOINT_NAME: Final = "kubelet_internal_checkpoint"  # kubeletDeviceManagerCheckpoint
+ENDPOINT_STOP_GRACE_PERIOD_S: Final = 300.0  # endpointStopGracePeriod
+
+# pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go dial(): the kubelet gives
+# up dialling the plugin socket after 10 s, so Register must not wait for less.
+KUBELET_DIAL_TIMEOUT_S: Final = 10.0
+
+# v1beta1/api.proto, Device.ID: "Max length of this field is 63 characters".
+MAX_DEVICE_ID_LENGTH: Final = 63
+
+# The kubelet's gRPC client keeps grpc-go's default receive limit (4 MiB).
+KUBELET_MAX_RECV_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+
+# colad's own names.
+PLUGIN_SOCKET_PREFIX: Final = "colad-"  # + <unix ms> + ".sock": unique per serve, see plugin.py
+PLUGIN_SOCKET_SUFFIX: Final = ".sock"
+QUEUE_SOCKET_NAME: Final = "queue.sock"
+SUPERVISOR_SOCKET_NAME: Final = "supervisor.sock"
+SUPERVISOR_CONF_NAME: Final = "supervisord.conf"
+PLUGIN_STATE_NAME: Final = "plugin-state.json"
+COLA_DEVICES_ENV: Final = "COLA_DEVICES"

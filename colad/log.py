@@ -1,0 +1,72 @@
+"""Logging: one line per event, key=value fields, each line naming its process role.
+
+Every module gets an `EventLogger` from `get(__name__)` and logs
+`LOG.info("register to kubelet successfully", resource=..., endpoint=...)`.
+Fields are formatted only when the level is enabled. Output goes to stdout,
+which supervisord forwards to the terminal or to the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, MutableMapping
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:,@+")
+
+
+def quote(value: object) -> str:
+    """Render one value for a key=value line: bare when safe, else double-quoted."""
+    text = str(value)
+    if text and all(ch in _SAFE for ch in text):
+        return text
+    escaped = text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def format_fields(fields: dict[str, object]) -> str:
+    return " ".join(f"{key}={quote(value)}" for key, value in fields.items())
+
+
+class EventLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """`LOG.info("what happened", key=value, ...)` -> `msg="what happened" key=value`."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        passthrough = {k: kwargs.pop(k) for k in ("exc_info", "stack_info", "stacklevel") if k in kwargs}
+        fields = dict(kwargs)
+        line = f"msg={quote(msg)}"
+        if fields:
+            line += " " + format_fields(fields)
+        return line.replace("%", "%%"), passthrough
+
+
+def get(name: str) -> EventLogger:
+    return EventLogger(logging.getLogger(name), {})
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, role: str) -> None:
+        super().__init__()
+        self.role = role
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        head = f"ts={stamp}.{int(record.msecs):03d}Z level={record.levelname.lower()} proc={self.role}"
+        line = f"{head} {record.getMessage()}"
+        if record.exc_info:
+            # Keep one line per event: the traceback is folded into a field.
+            trace = self.formatException(record.exc_info)
+            line += " traceback=" + quote(trace)
+        return line
+
+
+def setup(role: str, level: str = "INFO") -> None:
+    """Send every log line to stdout, tagged with the process role."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_Formatter(role))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())

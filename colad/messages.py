@@ -1,0 +1,132 @@
+"""The local queue's messages, and the only module that knows their wire format.
+
+Every message is a full snapshot (never a delta) with the sender's epoch and a
+per-sender increasing sequence number, so a lost, dropped, duplicated or
+replayed message costs latency, never correctness. Encoding is JSON with a
+type and a version field and a hard size limit; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from colad.devices import HEALTH_VALUES, Device, DeviceSet, id_problem
+from colad.errors import MessageError
+
+WIRE_VERSION = 1
+# A snapshot of 10,000 devices with 63-character IDs is about 0.8 MB of JSON;
+# 4 MiB leaves room and still bounds what a peer can make us buffer.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """Discovery -> plugin: every device now in the device directory."""
+
+    epoch: int
+    seq: int
+    devices: DeviceSet
+    dir_present: bool = True
+    type: str = field(default="device_snapshot", init=False)
+
+
+@dataclass(frozen=True)
+class KubeletState:
+    """Kubelet watcher -> plugin: what the kubelet directory looks like now.
+
+    `kubelet_socket` identifies the current kubelet.sock ("dev:ino:ctime_ns"),
+    or is empty when there is none; `plugin_sockets` are colad's sockets there.
+    """
+
+    epoch: int
+    seq: int
+    kubelet_socket: str
+    plugin_sockets: tuple[str, ...] = ()
+    type: str = field(default="kubelet_state", init=False)
+
+
+Message = Union[DeviceSnapshot, KubeletState]
+
+
+def encode(message: Message) -> bytes:
+    body: dict[str, Any] = {"v": WIRE_VERSION, "type": message.type, "epoch": message.epoch, "seq": message.seq}
+    if isinstance(message, DeviceSnapshot):
+        body["dir_present"] = message.dir_present
+        body["devices"] = [[d.device_id, d.health] for d in message.devices]
+    else:
+        body["kubelet_socket"] = message.kubelet_socket
+        body["plugin_sockets"] = list(message.plugin_sockets)
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"{message.type} is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte limit")
+    return data
+
+
+def _need(body: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(key)
+    # bool is an int in Python; never accept one for the other.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise MessageError(f"field {key!r} missing or not {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def decode(data: bytes) -> Message:
+    """Parse and validate one message; any defect raises MessageError."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MessageError(f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MessageError("not a JSON object")
+    if body.get("v") != WIRE_VERSION:
+        raise MessageError(f"unsupported version {body.get('v')!r}")
+    kind = body.get("type")
+    epoch, seq = _need(body, "epoch", int), _need(body, "seq", int)
+    if epoch < 0 or seq < 0:
+        raise MessageError("negative epoch or seq")
+    if kind == "device_snapshot":
+        devices = []
+        for item in _need(body, "devices", list):
+            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+                raise MessageError("device entry is not [id, health]")
+            device_id, health = item
+            if id_problem(device_id) is not None or health not in HEALTH_VALUES:
+                raise MessageError(f"invalid device {device_id!r} ({health!r})")
+            devices.append(Device(device_id, health))
+        if len({d.device_id for d in devices}) != len(devices):
+            raise MessageError("duplicate device IDs")
+        return DeviceSnapshot(epoch, seq, DeviceSet.of(devices), _need(body, "dir_present", bool))
+    if kind == "kubelet_state":
+        sockets = _need(body, "plugin_sockets", list)
+        if not all(isinstance(s, str) for s in sockets):
+            raise MessageError("plugin_sockets is not a list of strings")
+        return KubeletState(epoch, seq, _need(body, "kubelet_socket", str), tuple(sockets))
+    raise MessageError(f"unknown message type {kind!r}")
+
+
+class SequenceTracker:
+    """Decides which messages are news: per type, (epoch, seq) must move forward.
+
+    A sender's epoch is fixed at its start, so a restarted sender overtakes the
+    old one. When the connection that delivered a type's last message closes,
+    the receiver calls `forget`, so a restarted sender is accepted even if the
+    clock stepped back between the two starts.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int]] = {}
+
+    def accept(self, message: Message) -> bool:
+        position = (message.epoch, message.seq)
+        last = self._last.get(message.type)
+        if last is not None and position <= last:
+            return False
+        self._last[message.type] = position
+        return True
+
+    def forget(self, message_type: str) -> None:
+        self._last.pop(message_type, None)

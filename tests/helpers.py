@@ -1,0 +1,49 @@
+"""Test helpers shared by every layer: waiting on conditions with deadlines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    pass
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    describe: str,
+    *,
+    interval: float = 0.01,
+    logs: Iterable[Path] = (),
+) -> T:
+    """Poll `predicate` until it returns a truthy value; return that value.
+
+    On timeout, raise with the last value observed (or the last exception the
+    predicate raised) and the tail of every log file named in `logs`.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+            last = value
+        except Exception as exc:  # the predicate may race with the system under test
+            last = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    text = f"timed out after {timeout:.1f}s waiting for {describe}; last observed: {last!r}"
+    for path in logs:
+        try:
+            tail = Path(path).read_text(errors="replace").splitlines()[-60:]
+        except OSError as exc:
+            tail = [f"<unreadable: {exc}>"]
+        text += f"\n--- {path} (last {len(tail)} lines) ---\n" + "\n".join(tail)
+    raise WaitTimeout(text)
