@@ -7,8 +7,8 @@ values or an AllocationError naming the offending device. No gRPC types here.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from colad.constants import COLA_DEVICES_ENV
 from colad.devices import DeviceSet

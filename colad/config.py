@@ -12,8 +12,9 @@ import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from colad import constants
 from colad.errors import ConfigError

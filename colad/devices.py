@@ -7,8 +7,8 @@ and returns values. No I/O, no logging, no clock: the shells do that.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
 
@@ -52,7 +52,7 @@ class DeviceSet:
     devices: tuple[Device, ...] = ()
 
     @staticmethod
-    def of(devices: Iterable[Device]) -> "DeviceSet":
+    def of(devices: Iterable[Device]) -> DeviceSet:
         by_id = {d.device_id: d for d in devices}
         return DeviceSet(tuple(by_id[k] for k in sorted(by_id)))
 

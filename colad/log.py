@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, MutableMapping
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:,@+")
 
@@ -29,20 +28,45 @@ def format_fields(fields: dict[str, object]) -> str:
     return " ".join(f"{key}={quote(value)}" for key, value in fields.items())
 
 
-class EventLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """`LOG.info("what happened", key=value, ...)` -> `msg="what happened" key=value`."""
+class EventLogger:
+    """`LOG.info("what happened", key=value, ...)` -> `msg="what happened" key=value`.
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        passthrough = {k: kwargs.pop(k) for k in ("exc_info", "stack_info", "stacklevel") if k in kwargs}
-        fields = dict(kwargs)
+    Fields are formatted only when the level is enabled.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def _emit(self, level: int, msg: str, fields: dict[str, object], exc_info: bool = False) -> None:
+        if not self.logger.isEnabledFor(level):
+            return
         line = f"msg={quote(msg)}"
         if fields:
             line += " " + format_fields(fields)
-        return line.replace("%", "%%"), passthrough
+        self.logger.log(level, "%s", line, exc_info=exc_info, stacklevel=3)
+
+    def debug(self, msg: str, **fields: object) -> None:
+        self._emit(logging.DEBUG, msg, fields)
+
+    def info(self, msg: str, **fields: object) -> None:
+        self._emit(logging.INFO, msg, fields)
+
+    def warning(self, msg: str, **fields: object) -> None:
+        self._emit(logging.WARNING, msg, fields)
+
+    def error(self, msg: str, **fields: object) -> None:
+        self._emit(logging.ERROR, msg, fields)
+
+    def exception(self, msg: str, **fields: object) -> None:
+        """An ERROR line carrying the current exception's traceback (folded into one line)."""
+        self._emit(logging.ERROR, msg, fields, exc_info=True)
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - mirrors logging.Logger
+        return self.logger.isEnabledFor(level)
 
 
 def get(name: str) -> EventLogger:
-    return EventLogger(logging.getLogger(name), {})
+    return EventLogger(logging.getLogger(name))
 
 
 class _Formatter(logging.Formatter):

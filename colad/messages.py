@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from colad.devices import HEALTH_VALUES, Device, DeviceSet, id_problem
 from colad.errors import MessageError
@@ -47,7 +47,7 @@ class KubeletState:
     type: str = field(default="kubelet_state", init=False)
 
 
-Message = Union[DeviceSnapshot, KubeletState]
+Message = DeviceSnapshot | KubeletState
 
 
 def encode(message: Message) -> bytes:

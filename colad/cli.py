@@ -1,0 +1,66 @@
+"""The `colad` command: one subcommand per process role, plus operator tools.
+
+Parses flags, loads the Config once (a bad value exits 2 with one line), and
+hands over to the role's `main`. Roles are imported lazily so that discovery
+and the watcher never import gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from colad import __version__
+from colad import config as config_mod
+from colad.errors import ConfigError
+
+ROLES = {
+    "discovery": ("colad.discovery", "watch the device directory and publish device snapshots"),
+    "plugin": ("colad.plugin", "serve the device plugin API to the kubelet and keep it registered"),
+    "kubelet-watch": ("colad.kubelet_watch", "tell the plugin when the kubelet restarts"),
+    "supervise": ("colad.supervise", "run all three roles under supervisord in the foreground"),
+    "status": ("colad.status", "show each process, the registration and the device count"),
+    "kubelet-sim": ("colad.kubelet_sim", "a kubelet stand-in: accept a registration, list devices, allocate"),
+}
+
+CONFIG_FLAGS = {
+    "config": "path of the TOML config file (env COLAD_CONFIG; default /etc/colad/colad.toml)",
+    "resource_name": "extended resource name (env COLAD_RESOURCE_NAME)",
+    "device_dir": "directory whose regular files are the devices (env COLAD_DEVICE_DIR)",
+    "kubelet_dir": "kubelet device-plugins directory (env COLAD_KUBELET_DIR)",
+    "run_dir": "root-only directory for the queue and supervisord sockets (env COLAD_RUN_DIR)",
+    "metrics_address": "host:port of the metrics endpoint (env COLAD_METRICS_ADDRESS)",
+    "log_level": "DEBUG, INFO, WARNING or ERROR (env COLAD_LOG_LEVEL)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    for name, text in CONFIG_FLAGS.items():
+        common.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=text)
+    parser = argparse.ArgumentParser(prog="colad", description="Kubernetes device plugin for files in a directory.")
+    parser.add_argument("--version", action="version", version=f"colad {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_module, text) in ROLES.items():
+        child = sub.add_parser(name, parents=[common], help=text, description=text)
+        extra = getattr(importlib.import_module("colad.cli_args"), name.replace("-", "_"), None)
+        if extra is not None:
+            extra(child)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = {name: getattr(args, name) for name in CONFIG_FLAGS}
+    try:
+        cfg = config_mod.load(flags)
+    except ConfigError as exc:
+        print(f"colad: {exc}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(ROLES[args.command][0])
+    return int(module.main(args, cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

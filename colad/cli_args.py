@@ -1,0 +1,21 @@
+"""Extra command-line flags of the operator subcommands (the roles take only config flags).
+
+Kept apart from the subcommand modules so `colad --help` imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def kubelet_sim(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allocate", type=int, default=1, metavar="N",
+                        help="after the first device list, Allocate N healthy devices (0: none)")
+    parser.add_argument("--once", action="store_true",
+                        help="exit 0 after the first Allocate answer (or first list if --allocate 0)")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="with --once: exit 1 if nothing happened within this many seconds")

@@ -1,0 +1,168 @@
+"""Role `colad discovery`: turns the device directory into DeviceSnapshots on the queue.
+
+Reads: the device directory (inotify, plus a periodic safety rescan).
+Writes: a full DeviceSnapshot to the plugin over the local queue whenever the
+device set changes, and again after every reconnect. Level-triggered: any
+event, an inotify queue overflow or the timer all mean "list the directory
+again, build a new set, compare". Neighbours: plugin.py (the queue's owner).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable
+
+import pyinotify
+
+from colad import config as config_mod
+from colad import devices, log, messages, watch
+from colad.config import Config
+from colad.queue import QueueClient
+
+LOG = log.get(__name__)
+
+DEVICE_EVENTS = (
+    pyinotify.IN_CREATE
+    | pyinotify.IN_DELETE
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_CLOSE_WRITE
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_DELETE_SELF
+    | pyinotify.IN_MOVE_SELF
+)
+
+
+def list_regular_files(path: str) -> tuple[list[str], bool]:
+    """Names of the regular files directly in `path` (symlinks, dirs, FIFOs and sockets are not devices)."""
+    names: list[str] = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    if stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+                        names.append(entry.name)
+                except FileNotFoundError:
+                    continue  # removed while we listed: the next event rescans
+    except (FileNotFoundError, NotADirectoryError):
+        return [], False
+    return names, True
+
+
+class Discovery:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        client: QueueClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.client = client or QueueClient(cfg.queue_socket)
+        self.inotify = watch.Inotify()
+        self.device_dir = watch.DirWatch(self.inotify, cfg.device_dir, DEVICE_EVENTS)
+        self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
+        self.epoch = time.time_ns()
+        self.seq = 0
+        self.current: devices.DeviceSet | None = None
+        self.present: bool | None = None
+        self.warned: set[str] = set()
+        self.next_rescan = 0.0
+        self.stopping = False
+        self.waker: watch.SignalWaker | None = None
+
+    def rescan(self, reason: str) -> None:
+        names, present = list_regular_files(self.cfg.device_dir)
+        result = devices.build(names)
+        for skipped in result.skipped:
+            if skipped.name not in self.warned:
+                self.warned.add(skipped.name)
+                LOG.warning("file skipped: not a valid device ID", name=skipped.name, reason=skipped.reason)
+        self.warned &= {s.name for s in result.skipped}  # warn again if it comes back later
+        self.next_rescan = self.clock() + self.cfg.rescan_interval
+        if result.devices == self.current and present == self.present:
+            return
+        change = devices.diff(self.current or devices.DeviceSet(), result.devices)
+        self.current, self.present = result.devices, present
+        self.seq += 1
+        LOG.info(
+            "device set changed",
+            reason=reason,
+            devices=len(result.devices),
+            added=len(change.added),
+            removed=len(change.removed),
+            dir_present=present,
+            seq=self.seq,
+        )
+        if change and len(change.added) + len(change.removed) <= 20:
+            LOG.debug("device changes", added=",".join(change.added), removed=",".join(change.removed))
+        self.client.publish(messages.DeviceSnapshot(self.epoch, self.seq, result.devices, present))
+
+    def step(self, timeout: float) -> None:
+        """One turn of the loop: wait for events, then rescan if anything may have changed."""
+        waker_fd = self.waker.fileno() if self.waker else None
+        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd], timeout)
+        if waker_fd in readable and self.waker:
+            self.waker.drain()
+        if self.stopping:
+            return
+        reason = None
+        if self.inotify.fileno() in readable:
+            for event in self.inotify.read():
+                self.device_dir.note(event)
+                self.run_dir.note(event)
+                if event.overflow:
+                    reason = "overflow"
+                elif self.device_dir.concerns(event):
+                    reason = reason or "inotify"
+                if event.wd == self.run_dir.wd and event.name == os.path.basename(self.cfg.queue_socket):
+                    self.client.reconnect_now()
+        if self.client.fileno() in readable:
+            self.client.check_alive()
+        self.run_dir.ensure()
+        if self.device_dir.ensure():
+            reason = reason or "directory changed"
+        if reason is None and self.clock() >= self.next_rescan:
+            reason = "periodic"
+        if reason:
+            self.rescan(reason)
+        self.client.flush()
+
+    def timeout(self) -> float:
+        now = self.clock()
+        due = [self.next_rescan]
+        retry = self.client.next_retry()
+        if retry is not None:
+            due.append(retry)
+        return max(0.0, min(due) - now)
+
+    def run(self) -> int:
+        self.run_dir.ensure()
+        self.device_dir.ensure()
+        self.rescan("start")
+        while not self.stopping:
+            self.step(self.timeout())
+        self.client.close()
+        self.inotify.close()
+        LOG.info("discovery stopped")
+        return 0
+
+
+def main(args: object = None, cfg: Config | None = None) -> int:
+    cfg = cfg or config_mod.load()
+    log.setup("discovery", cfg.log_level)
+    os.umask(0o077)
+    role = Discovery(cfg)
+    role.waker = watch.SignalWaker()
+
+    def stop(signum: int, _frame: object) -> None:
+        role.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    LOG.info("discovery starting", device_dir=cfg.device_dir, queue=cfg.queue_socket)
+    return role.run()

@@ -1,0 +1,355 @@
+"""Role `colad plugin`: serves the DevicePlugin API to the kubelet and keeps it registered.
+
+Reads: DeviceSnapshots and KubeletStates from the local queue (it owns the
+queue socket), and, to verify what the watcher reports, stat() of its own
+socket and of kubelet.sock. Writes: its gRPC socket in the kubelet directory,
+Register calls to kubelet.sock, and a small state file for `colad status`.
+One thread owns the life cycle (an explicit State enum, every transition
+logged with its reason); gRPC and queue threads only post events to it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colad import config as config_mod
+from colad import constants, log, messages
+from colad.config import Config
+from colad.errors import InstanceError
+from colad.kubelet_watch import socket_identity
+from colad.queue import QueueServer
+from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
+
+LOG = log.get(__name__)
+
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 5.0
+INITIAL_DEVICES_WAIT = 3.0  # registering with an empty list would zero allocatable for a moment
+SAFETY_CHECK_INTERVAL = 5.0  # stat our socket and kubelet.sock even if the watcher is silent
+STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
+STREAM_EXPECTED_WITHIN = 10.0
+CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let supervisord restart us
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+@dataclass
+class _Event:
+    kind: str
+    payload: Any = None
+    generation: int = -1
+
+
+class Plugin:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        broadcast: DeviceBroadcast | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.wall = wall
+        self.broadcast = broadcast or DeviceBroadcast()
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.queue = QueueServer(cfg.queue_socket, self._on_message)
+        self.state = State.STARTING
+        self.generation = 0
+        self.server: Any = None
+        self.socket_path: str | None = None
+        self.call: RegisterCall | None = None
+        self.kubelet_identity = ""  # kubelet.sock we registered with
+        self.backoff = BACKOFF_MIN
+        self.retry_at: float | None = None
+        self.stream_check_at: float | None = None
+        self.next_safety_check = 0.0
+        self.streams: dict[int, int] = {}
+        self.have_devices = False
+        self.last_error = ""
+        self.since = wall()
+        self.errors: list[float] = []
+        self.started = clock()
+
+    # Called from other threads: only post events.
+    def _on_message(self, message: messages.Message) -> None:
+        self.events.put(_Event("message", message))
+
+    def _stream_events(self) -> StreamEvents:
+        return StreamEvents(
+            opened=lambda g: self.events.put(_Event("stream", +1, g)),
+            closed=lambda g: self.events.put(_Event("stream", -1, g)),
+            sent=lambda g, n: LOG.debug("ListAndWatch sent", generation=g, devices=n),
+        )
+
+    def stop(self) -> None:
+        self.events.put(_Event("stop"))
+
+    # The life cycle, on the owning thread.
+    def transition(self, state: State, reason: str, **fields: object) -> None:
+        if state != self.state:
+            LOG.info("plugin state", state=state.value, previous=self.state.value, reason=reason, **fields)
+            self.state = state
+            self.since = self.wall()
+        self.write_state()
+
+    def live_streams(self) -> int:
+        return self.streams.get(self.generation, 0)
+
+    def write_state(self) -> None:
+        devices = self.broadcast.devices
+        body = {
+            "pid": os.getpid(),
+            "state": self.state.value,
+            "registered": self.state is State.REGISTERED,
+            "resource_name": self.cfg.resource_name,
+            "endpoint": os.path.basename(self.socket_path) if self.socket_path else "",
+            "devices": len(devices),
+            "healthy": devices.count(constants.HEALTHY),
+            "streams": self.live_streams(),
+            "since": self.since,
+            "last_error": self.last_error,
+        }
+        tmp = self.cfg.plugin_state_file + ".tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(body, handle)
+            os.replace(tmp, self.cfg.plugin_state_file)
+        except OSError as exc:
+            LOG.warning("state file not written", path=self.cfg.plugin_state_file, error=exc)
+
+    def _stop_server(self) -> None:
+        self.broadcast.close_generation(self.generation)
+        if self.server is not None:
+            self.server.stop(grace=0).wait(5)
+            self.server = None
+        if self.socket_path and os.path.lexists(self.socket_path):
+            try:
+                os.unlink(self.socket_path)
+            except OSError as exc:
+                LOG.warning("old socket not removed", path=self.socket_path, error=exc)
+        self.socket_path = None
+
+    def _serve(self) -> None:
+        """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
+        self._stop_server()
+        self.generation += 1
+        os.makedirs(self.cfg.kubelet_dir, mode=0o750, exist_ok=True)
+        stamp = int(self.wall() * 1000)
+        while True:
+            name = f"{constants.PLUGIN_SOCKET_PREFIX}{stamp}{constants.PLUGIN_SOCKET_SUFFIX}"
+            path = os.path.join(self.cfg.kubelet_dir, name)
+            if not os.path.lexists(path):
+                break
+            stamp += 1
+        servicer = DevicePluginServicer(self.broadcast, self.generation, self._stream_events())
+        server = build_server(servicer, path)
+        server.start()
+        self.server, self.socket_path = server, path
+        LOG.info("serving", endpoint=name, generation=self.generation)
+
+    def register(self, reason: str, *, fresh_server: bool = False) -> None:
+        """Serve (if needed) and send Register: the single path every trigger takes."""
+        if self.call is not None:
+            self.call.cancel()
+            self.call.close()
+            self.call = None
+        self.retry_at = None
+        try:
+            if fresh_server or self.socket_path is None or not os.path.exists(self.socket_path):
+                self._serve()
+        except OSError as exc:
+            self._failed(f"cannot serve: {exc}")
+            return
+        assert self.socket_path is not None
+        self.kubelet_identity = socket_identity(self.cfg.kubelet_socket)
+        if not self.kubelet_identity:
+            self._failed("kubelet.sock absent")
+            return
+        endpoint = os.path.basename(self.socket_path)
+        self.transition(State.REGISTERING, reason, endpoint=endpoint)
+        generation = self.generation
+        call = RegisterCall(self.cfg.kubelet_socket, endpoint, self.cfg.resource_name, self.cfg.register_timeout)
+        self.call = call
+        call.add_done_callback(lambda: self.events.put(_Event("registered", call, generation)))
+
+    def _failed(self, error: str) -> None:
+        self.last_error = error
+        self.retry_at = self.clock() + self.backoff
+        LOG.warning("register failed", error=error, retry_in=f"{self.backoff:.2f}s")
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+        self.transition(State.BACKOFF, error)
+
+    def on_registered(self, event: _Event) -> None:
+        call: RegisterCall = event.payload
+        if call is not self.call:
+            call.close()
+            return
+        error = call.error()
+        call.close()
+        self.call = None
+        if error:
+            self._failed(error)
+            return
+        self.backoff = BACKOFF_MIN
+        self.last_error = ""
+        self.stream_check_at = self.clock() + STREAM_EXPECTED_WITHIN
+        LOG.info(
+            "register to kubelet successfully",
+            resource=self.cfg.resource_name,
+            endpoint=os.path.basename(self.socket_path or ""),
+        )
+        self.transition(State.REGISTERED, "kubelet accepted")
+
+    def check_kubelet(self, reason: str) -> None:
+        """Verify by stat() what the watcher (or the safety timer) suggests."""
+        self.next_safety_check = self.clock() + SAFETY_CHECK_INTERVAL
+        if self.state is State.STARTING:
+            return
+        identity = socket_identity(self.cfg.kubelet_socket)
+        if identity and identity != self.kubelet_identity:
+            self.backoff = BACKOFF_MIN
+            self.register(f"kubelet.sock recreated ({reason})", fresh_server=True)
+        elif self.socket_path is None or not os.path.exists(self.socket_path):
+            self.register(f"plugin socket removed ({reason})", fresh_server=True)
+
+    def on_message(self, message: messages.Message) -> None:
+        if isinstance(message, messages.DeviceSnapshot):
+            changed = self.broadcast.update(message.devices)
+            first = not self.have_devices
+            self.have_devices = True
+            if changed or first:
+                LOG.info(
+                    "devices updated", devices=len(message.devices), seq=message.seq, dir_present=message.dir_present
+                )
+                self.write_state()
+            if first and self.state is State.STARTING:
+                self.register("start")
+        else:
+            self.check_kubelet("watcher")
+
+    def on_stream(self, event: _Event) -> None:
+        self.streams[event.generation] = self.streams.get(event.generation, 0) + event.payload
+        if self.streams[event.generation] <= 0:
+            del self.streams[event.generation]
+        if event.generation != self.generation:
+            return
+        if event.payload > 0:
+            self.stream_check_at = None
+        elif self.state is State.REGISTERED and self.live_streams() == 0:
+            self.stream_check_at = self.clock() + STREAM_GRACE
+        self.write_state()
+
+    def on_timer(self) -> None:
+        now = self.clock()
+        if self.state is State.STARTING and now >= self.started + INITIAL_DEVICES_WAIT:
+            LOG.warning("no device snapshot yet; registering anyway", waited=f"{INITIAL_DEVICES_WAIT}s")
+            self.register("start")
+        if self.retry_at is not None and now >= self.retry_at:
+            self.register("retry")
+        if self.stream_check_at is not None and now >= self.stream_check_at:
+            self.stream_check_at = None
+            if self.state is State.REGISTERED and self.live_streams() == 0:
+                self.register("no live ListAndWatch stream", fresh_server=True)
+        if now >= self.next_safety_check:
+            self.check_kubelet("periodic")
+
+    def next_timeout(self) -> float:
+        now = self.clock()
+        due = [self.next_safety_check]
+        if self.state is State.STARTING:
+            due.append(self.started + INITIAL_DEVICES_WAIT)
+        for moment in (self.retry_at, self.stream_check_at):
+            if moment is not None:
+                due.append(moment)
+        return max(0.0, min(due) - now)
+
+    def run(self) -> int:
+        os.makedirs(self.cfg.run_dir, mode=0o700, exist_ok=True)
+        self.queue.start()
+        self.started = self.clock()
+        self.next_safety_check = self.started + SAFETY_CHECK_INTERVAL
+        self.write_state()
+        try:
+            while True:
+                try:
+                    event = self.events.get(timeout=self.next_timeout())
+                except queue.Empty:
+                    event = _Event("timer")
+                if event.kind == "stop":
+                    break
+                try:
+                    self.handle(event)
+                except Exception:  # the loop boundary: log once, count, continue
+                    LOG.exception("plugin loop error", event=event.kind)
+                    if self._over_budget():
+                        LOG.error("too many errors; exiting so supervisord restarts the plugin")
+                        return 1
+        finally:
+            self.shutdown()
+        return 0
+
+    def handle(self, event: _Event) -> None:
+        if event.kind == "message":
+            self.on_message(event.payload)
+        elif event.kind == "registered":
+            self.on_registered(event)
+        elif event.kind == "stream":
+            self.on_stream(event)
+        self.on_timer()
+
+    def _over_budget(self) -> bool:
+        now = self.clock()
+        count, window = CRASH_BUDGET
+        self.errors = [t for t in self.errors if now - t < window] + [now]
+        return len(self.errors) > count
+
+    def shutdown(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+            self.call.close()
+        self._stop_server()
+        self.queue.stop()
+        self.transition(State.STOPPED, "shutdown")
+        LOG.info("plugin stopped")
+
+
+def main(args: object = None, cfg: Config | None = None) -> int:
+    cfg = cfg or config_mod.load()
+    log.setup("plugin", cfg.log_level)
+    os.umask(0o077)
+    # Signals are taken by a thread of their own (sigwait) rather than a handler:
+    # a handler runs on the lifecycle thread and could re-enter its event queue's
+    # lock. Blocked here, before gRPC starts its threads, so they inherit the mask.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    plugin = Plugin(cfg)
+
+    def wait_for_signal() -> None:
+        signum = signal.sigwait(stop_signals)
+        LOG.info("signal received", signal=signal.Signals(signum).name)
+        plugin.stop()
+
+    threading.Thread(target=wait_for_signal, name="signals", daemon=True).start()
+    LOG.info("plugin starting", resource=cfg.resource_name, kubelet_dir=cfg.kubelet_dir, queue=cfg.queue_socket)
+    try:
+        return plugin.run()
+    except InstanceError as exc:
+        LOG.error("refusing to start", reason=str(exc))
+        return 1

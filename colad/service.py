@@ -1,0 +1,209 @@
+"""The gRPC side of the plugin: the DevicePlugin servicer, its server, and the Register call.
+
+The only module that touches protobuf types. Each RPC converts the request to
+core types, calls devices/allocation, and converts back; expected failures go
+out as INVALID_ARGUMENT or NOT_FOUND naming the device, never UNKNOWN.
+Neighbours: plugin.py builds servers from here and drives their life cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from colad import allocation, constants, log
+from colad.api import deviceplugin_pb2 as pb
+from colad.api import deviceplugin_pb2_grpc as pb_grpc
+from colad.devices import DeviceSet
+from colad.errors import AllocationError
+
+LOG = log.get(__name__)
+
+# Streams beyond this are refused, so watchers (kubelet-sim, colad check...)
+# can never take every worker thread away from Allocate.
+MAX_STREAMS = 4
+WORKERS = MAX_STREAMS + 8
+
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+class DeviceBroadcast:
+    """The device set every ListAndWatch stream follows; thread-safe.
+
+    `update` bumps a version only when the set really changed, and streams send
+    the newest set whenever the version moved since their last send, so a burst
+    of changes coalesces into as few messages as the stream can take.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._devices = DeviceSet()
+        self._version = 0
+        self._closed_generation = -1
+
+    @property
+    def devices(self) -> DeviceSet:
+        with self._cond:
+            return self._devices
+
+    def update(self, devices: DeviceSet) -> bool:
+        with self._cond:
+            if devices == self._devices:
+                return False
+            self._devices = devices
+            self._version += 1
+            self._cond.notify_all()
+            return True
+
+    def close_generation(self, generation: int) -> None:
+        """End every stream that belongs to server `generation` or an older one."""
+        with self._cond:
+            self._closed_generation = max(self._closed_generation, generation)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_change(self, seen: int, generation: int, alive: Callable[[], bool]) -> tuple[int, DeviceSet] | None:
+        """Block until the set moves past version `seen`; None when the stream must end."""
+        with self._cond:
+            while True:
+                if generation <= self._closed_generation or not alive():
+                    return None
+                if self._version != seen:
+                    return self._version, self._devices
+                # The timeout is only a safety net; cancellation and updates notify.
+                self._cond.wait(timeout=30.0)
+
+    def snapshot(self) -> tuple[int, DeviceSet]:
+        with self._cond:
+            return self._version, self._devices
+
+
+def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
+    return pb.ListAndWatchResponse(devices=[pb.Device(ID=d.device_id, health=d.health) for d in devices])
+
+
+@dataclass
+class StreamEvents:
+    opened: Callable[[int], None]
+    closed: Callable[[int], None]
+    sent: Callable[[int, int], None]  # generation, device count
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, broadcast: DeviceBroadcast, generation: int, events: StreamEvents) -> None:
+        self.broadcast = broadcast
+        self.generation = generation
+        self.events = events
+        self._streams = 0
+        self._lock = threading.Lock()
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        with self._lock:
+            if self._streams >= MAX_STREAMS:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_STREAMS} ListAndWatch streams")
+            self._streams += 1
+        context.add_callback(self.broadcast.wake)
+        self.events.opened(self.generation)
+        try:
+            version, devices = self.broadcast.snapshot()
+            yield to_response(devices)
+            self.events.sent(self.generation, len(devices))
+            while True:
+                change = self.broadcast.wait_change(version, self.generation, context.is_active)
+                if change is None:
+                    return
+                version, devices = change
+                yield to_response(devices)
+                self.events.sent(self.generation, len(devices))
+        finally:
+            with self._lock:
+                self._streams -= 1
+            self.events.closed(self.generation)
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        devices = self.broadcast.devices
+        response = pb.AllocateResponse()
+        if not request.container_requests:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Allocate request has no container requests")
+        for index, container in enumerate(request.container_requests):
+            try:
+                result = allocation.allocate(devices, list(container.devices_ids))
+            except AllocationError as exc:
+                code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
+                LOG.warning("allocate refused", container=index, reason=str(exc))
+                context.abort(code, str(exc))
+            response.container_responses.add(envs=result.envs)
+            LOG.info("allocate", devices=",".join(result.device_ids))
+        return response
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        response = pb.PreferredAllocationResponse()
+        for container in request.container_requests:
+            chosen = allocation.preferred(
+                list(container.available_deviceIDs), list(container.must_include_deviceIDs), container.allocation_size
+            )
+            response.container_responses.add(deviceIDs=chosen)
+        return response
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
+    """A server bound to `socket_path`, not yet started."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="grpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+    if server.add_insecure_port("unix:" + socket_path) == 0:
+        raise OSError(f"cannot listen on {socket_path}")
+    return server
+
+
+class RegisterCall:
+    """One Register call in flight; the lifecycle thread owns it and closes it."""
+
+    def __init__(self, kubelet_socket: str, endpoint: str, resource_name: str, timeout: float) -> None:
+        self.channel = grpc.insecure_channel("unix:" + kubelet_socket)
+        stub = pb_grpc.RegistrationStub(self.channel)
+        request = pb.RegisterRequest(
+            version=constants.VERSION, endpoint=endpoint, resource_name=resource_name, options=OPTIONS
+        )
+        # Fail fast when nobody listens: kubelet.sock appearing is reported by the watcher.
+        self.future = stub.Register.future(request, timeout=timeout, wait_for_ready=False)
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        self.future.add_done_callback(lambda _f: callback())
+
+    def error(self) -> str | None:
+        """None when Register succeeded, else the kubelet's (or the transport's) reason."""
+        try:
+            self.future.result(timeout=0)
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+        except (futures.CancelledError, grpc.FutureCancelledError):
+            return "cancelled"
+        except Exception as exc:  # the boundary: whatever grpc raised, it is a failed Register
+            return repr(exc)
+        return None
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,119 @@
+"""`colad supervise`: render the supervisord template and run supervisord in the foreground.
+
+Reads: the Config and the supervisord template (conf/supervisord.conf).
+Writes: <run_dir>/supervisord.conf, then replaces itself with supervisord, so
+systemd (or the terminal) sees supervisord as the main process. Children
+get the resolved configuration as COLAD_* variables. This is what the systemd
+unit runs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import stat
+import string
+import sys
+from pathlib import Path
+
+from colad import constants, log
+from colad.config import Config
+from colad.errors import ConfigError, InstanceError
+
+LOG = log.get(__name__)
+
+_STDOUT_LOG = """\
+redirect_stderr=true
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0"""
+
+# Under systemd, stdout is journald's socket and /dev/stdout cannot be opened
+# (ENXIO): children log through syslog instead, which reaches the same journal.
+_SYSLOG_LOG = """\
+redirect_stderr=true
+stdout_logfile=NONE
+stdout_syslog=true"""
+
+
+def template_path(cfg: Config) -> Path:
+    if cfg.supervisord_template:
+        return Path(cfg.supervisord_template)
+    candidates = [
+        Path(sys.prefix) / "share" / "colad" / constants.SUPERVISOR_CONF_NAME,  # pip and .deb installs
+        Path(__file__).resolve().parent.parent / "conf" / constants.SUPERVISOR_CONF_NAME,  # a source checkout
+    ]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"supervisord_template: no template found in {', '.join(map(str, candidates))}")
+
+
+def stdout_is_journal() -> bool:
+    """True when systemd connected our stdout to the journal (see systemd.exec, $JOURNAL_STREAM)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    device, _, inode = stream.partition(":")
+    try:
+        st = os.fstat(1)
+    except OSError:
+        return False
+    return bool(inode) and f"{st.st_dev}:{st.st_ino}" == f"{device}:{inode}"
+
+
+def render(cfg: Config, template: str, *, journal: bool) -> str:
+    fields = {
+        "run_dir": cfg.run_dir,
+        "python": sys.executable,
+        "user": pwd.getpwuid(os.geteuid()).pw_name,
+        "child_log": _SYSLOG_LOG if journal else _STDOUT_LOG,
+    }
+    try:
+        return string.Template(template).substitute(fields)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"supervisord_template: bad placeholder {exc}") from None
+
+
+def prepare_run_dir(cfg: Config) -> None:
+    """Create the run directory root-only, and refuse to start over a live instance."""
+    os.makedirs(cfg.run_dir, mode=0o700, exist_ok=True)
+    st = os.stat(cfg.run_dir)
+    if st.st_uid != os.geteuid():
+        raise InstanceError(f"run directory {cfg.run_dir} is owned by uid {st.st_uid}, not us")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(cfg.run_dir, 0o700)
+    sock_path = cfg.supervisor_socket
+    if os.path.lexists(sock_path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(sock_path)
+        except OSError:
+            os.unlink(sock_path)  # left by a dead supervisord
+        else:
+            raise InstanceError(f"colad is already running here (supervisord answers on {sock_path})")
+        finally:
+            probe.close()
+
+
+def main(args: object = None, cfg: Config | None = None) -> int:
+    assert cfg is not None
+    log.setup("supervise", cfg.log_level)
+    os.umask(0o077)
+    try:
+        text = template_path(cfg).read_text(encoding="utf-8")
+        rendered = render(cfg, text, journal=stdout_is_journal())
+        prepare_run_dir(cfg)
+    except (ConfigError, InstanceError, OSError) as exc:
+        print(f"colad: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    conf_path = os.path.join(cfg.run_dir, constants.SUPERVISOR_CONF_NAME)
+    with open(conf_path, "w", encoding="utf-8") as handle:
+        handle.write(rendered)
+    env = dict(os.environ)
+    env.update(cfg.environment())
+    env["PYTHONUNBUFFERED"] = "1"
+    command = [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", conf_path]
+    LOG.info("starting supervisord", config=conf_path, run_dir=cfg.run_dir)
+    sys.stdout.flush()
+    os.execve(sys.executable, command, env)
+    return 0  # not reached

@@ -1,0 +1,163 @@
+"""Thin inotify shell shared by discovery and the kubelet watcher.
+
+`Inotify` wraps a pyinotify WatchManager and a plain Notifier that our own poll
+loop drives (never AsyncNotifier: asyncore is gone from Python 3.12).
+`DirWatch` keeps a watch on a directory that may be missing, vanish, come back,
+or be replaced by another directory, symlink target or mount: it watches the
+parent for the name and re-adds the watch whenever the directory's identity
+changes. Callers treat every event as "look again" (level-triggered).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyinotify
+
+from colad import log
+
+LOG = log.get(__name__)
+
+# Events that mean "the watched directory itself is gone or no longer the same".
+SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_UNMOUNT
+NAME_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FROM | pyinotify.IN_MOVED_TO
+
+
+@dataclass(frozen=True)
+class Event:
+    wd: int
+    path: str
+    name: str
+    mask: int
+
+    @property
+    def overflow(self) -> bool:
+        return bool(self.mask & pyinotify.IN_Q_OVERFLOW)
+
+
+class Inotify:
+    def __init__(self) -> None:
+        self.wm = pyinotify.WatchManager()
+        self._pending: list[Event] = []
+        self.notifier = pyinotify.Notifier(self.wm, default_proc_fun=self._collect, timeout=0)
+
+    def _collect(self, event: pyinotify.Event) -> None:
+        self._pending.append(
+            Event(getattr(event, "wd", -1), getattr(event, "path", ""), getattr(event, "name", ""), event.mask)
+        )
+
+    def fileno(self) -> int:
+        return int(self.wm.get_fd())
+
+    def add(self, path: str, mask: int) -> int | None:
+        result = self.wm.add_watch(path, mask, quiet=True)
+        wd = result.get(path, -1)
+        return wd if wd >= 0 else None
+
+    def remove(self, wd: int) -> None:
+        if self.wm.get_watch(wd) is not None:
+            self.wm.rm_watch(wd, quiet=True)
+
+    def read(self) -> list[Event]:
+        self.notifier.read_events()
+        self.notifier.process_events()
+        events, self._pending = self._pending, []
+        return events
+
+    def close(self) -> None:
+        self.notifier.stop()
+
+
+def poll(fds: Iterable[int | None], timeout: float | None) -> set[int]:
+    """Wait until one of `fds` is readable or `timeout` seconds pass; return the readable ones."""
+    poller = select.poll()
+    for fd in fds:
+        if fd is not None:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ms = None if timeout is None else max(0, int(timeout * 1000))
+    try:
+        return {fd for fd, _ in poller.poll(ms)}
+    except InterruptedError:
+        return set()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
+
+
+class DirWatch:
+    def __init__(self, inotify: Inotify, path: str, mask: int) -> None:
+        self.inotify = inotify
+        self.path = os.path.normpath(path)
+        self.parent = os.path.dirname(self.path)
+        self.name = os.path.basename(self.path)
+        self.mask = mask | pyinotify.IN_ONLYDIR
+        self.wd: int | None = None
+        self.parent_wd: int | None = None
+        self.identity: tuple[int, int] | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.identity is not None
+
+    def ensure(self) -> bool:
+        """(Re)establish the watches; True when the directory's identity changed."""
+        if self.parent_wd is None:
+            self.parent_wd = self.inotify.add(self.parent, NAME_EVENTS | pyinotify.IN_ONLYDIR)
+        identity = _identity(self.path)
+        if identity == self.identity and (identity is None or self.wd is not None):
+            return False
+        if self.wd is not None:
+            self.inotify.remove(self.wd)
+            self.wd = None
+        if identity is not None:
+            self.wd = self.inotify.add(self.path, self.mask)
+            if self.wd is None:
+                identity = None  # vanished between stat and add_watch; the parent watch will tell us
+        changed = identity != self.identity
+        if changed:
+            LOG.info("watching directory" if identity else "directory absent", path=self.path)
+        self.identity = identity
+        return changed
+
+    def concerns(self, event: Event) -> bool:
+        """Is this event about our directory or its contents (or an overflow)?"""
+        if event.overflow:
+            return True
+        if event.wd == self.wd:
+            return True
+        return event.wd == self.parent_wd and event.name == self.name
+
+    def note(self, event: Event) -> None:
+        """Drop our idea of a watch the kernel has removed, so ensure() re-adds it."""
+        if event.wd == self.wd and event.mask & SELF_GONE:
+            self.wd = None
+            self.identity = None
+        if event.wd == self.parent_wd and event.mask & SELF_GONE:
+            self.parent_wd = None
+
+
+class SignalWaker:
+    """Makes a blocking poll() return when a signal arrives (PEP 475 would resume it)."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 512):
+                pass
+        except BlockingIOError:
+            pass

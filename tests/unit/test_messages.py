@@ -1,0 +1,438 @@
+"""Unit tests for colad.messages: wire round trips, strict decoding, and SequenceTracker."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.devices import Device, DeviceSet
+from colad.errors import ColadError, MessageError
+from colad.messages import (
+    MAX_MESSAGE_BYTES,
+    WIRE_VERSION,
+    DeviceSnapshot,
+    KubeletState,
+    Message,
+    SequenceTracker,
+    decode,
+    encode,
+)
+
+SOME_DEVICES = DeviceSet.of([Device("cola1"), Device("cola2", UNHEALTHY), Device("peisicola")])
+
+ROUND_TRIPS = [
+    pytest.param(DeviceSnapshot(0, 0, DeviceSet()), id="snapshot-empty"),
+    pytest.param(DeviceSnapshot(1700000000123, 7, SOME_DEVICES), id="snapshot-devices"),
+    pytest.param(DeviceSnapshot(1, 2, DeviceSet(), dir_present=False), id="snapshot-dir-missing"),
+    pytest.param(DeviceSnapshot(2**62, 2**62, SOME_DEVICES), id="snapshot-huge-numbers"),
+    pytest.param(KubeletState(5, 1, ""), id="kubelet-no-socket"),
+    pytest.param(KubeletState(5, 2, "2049:1234:1700000000000000000"), id="kubelet-socket"),
+    pytest.param(
+        KubeletState(5, 3, "1:2:3", ("colad-1700000000000.sock", "colad-1700000000001.sock")),
+        id="kubelet-plugin-sockets",
+    ),
+    pytest.param(KubeletState(5, 4, "caf\u00e9 \"quoted\"\n", ("\u2603",)), id="kubelet-non-ascii-strings"),
+]
+
+
+@pytest.mark.parametrize("message", ROUND_TRIPS)
+def test_round_trip(message: Message) -> None:
+    data = encode(message)
+    assert isinstance(data, bytes)
+    data.decode("ascii")  # ensure_ascii: the wire is plain ASCII
+    assert decode(data) == message
+
+
+def test_snapshot_wire_format() -> None:
+    body = json.loads(encode(DeviceSnapshot(3, 4, SOME_DEVICES, dir_present=True)))
+    assert body == {
+        "v": WIRE_VERSION,
+        "type": "device_snapshot",
+        "epoch": 3,
+        "seq": 4,
+        "dir_present": True,
+        "devices": [["cola1", HEALTHY], ["cola2", UNHEALTHY], ["peisicola", HEALTHY]],
+    }
+
+
+def test_kubelet_state_wire_format() -> None:
+    body = json.loads(encode(KubeletState(3, 4, "1:2:3", ("a.sock",))))
+    assert body == {
+        "v": WIRE_VERSION,
+        "type": "kubelet_state",
+        "epoch": 3,
+        "seq": 4,
+        "kubelet_socket": "1:2:3",
+        "plugin_sockets": ["a.sock"],
+    }
+
+
+def test_message_types_are_fixed() -> None:
+    assert DeviceSnapshot(0, 0, DeviceSet()).type == "device_snapshot"
+    assert KubeletState(0, 0, "").type == "kubelet_state"
+
+
+def test_ten_thousand_long_ids_fit() -> None:
+    devices = DeviceSet.of(
+        Device(f"{i:05d}".ljust(MAX_DEVICE_ID_LENGTH, "x"), UNHEALTHY if i % 3 else HEALTHY) for i in range(10_000)
+    )
+    assert len(devices) == 10_000
+    assert all(len(d.device_id) == MAX_DEVICE_ID_LENGTH for d in devices)
+    message = DeviceSnapshot(1, 1, devices)
+    data = encode(message)
+    assert len(data) < MAX_MESSAGE_BYTES
+    assert decode(data) == message
+
+
+def test_encode_refuses_oversize() -> None:
+    with pytest.raises(MessageError, match="limit"):
+        encode(KubeletState(1, 1, "x" * MAX_MESSAGE_BYTES))
+
+
+def test_decode_accepts_exactly_the_limit() -> None:
+    data = encode(KubeletState(1, 1, "k"))
+    padded = data + b" " * (MAX_MESSAGE_BYTES - len(data))
+    assert len(padded) == MAX_MESSAGE_BYTES
+    assert decode(padded) == KubeletState(1, 1, "k")
+
+
+def test_decode_rejects_one_byte_over_the_limit() -> None:
+    data = encode(KubeletState(1, 1, "k"))
+    padded = data + b" " * (MAX_MESSAGE_BYTES + 1 - len(data))
+    with pytest.raises(MessageError, match="limit"):
+        decode(padded)
+
+
+def test_message_error_is_a_colad_error() -> None:
+    assert issubclass(MessageError, ColadError)
+
+
+# --- decode rejections ---------------------------------------------------------------------
+
+
+def _snapshot(**changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "v": 1,
+        "type": "device_snapshot",
+        "epoch": 1,
+        "seq": 1,
+        "dir_present": True,
+        "devices": [["cola1", "Healthy"]],
+    }
+    body.update(changes)
+    return json.dumps({k: v for k, v in body.items() if v is not _DROP}).encode()
+
+
+def _kubelet(**changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "v": 1,
+        "type": "kubelet_state",
+        "epoch": 1,
+        "seq": 1,
+        "kubelet_socket": "1:2:3",
+        "plugin_sockets": [],
+    }
+    body.update(changes)
+    return json.dumps({k: v for k, v in body.items() if v is not _DROP}).encode()
+
+
+_DROP = object()
+
+
+def test_fixture_messages_are_valid() -> None:
+    # Each rejection below changes exactly one thing in these.
+    assert decode(_snapshot()) == DeviceSnapshot(1, 1, DeviceSet.of([Device("cola1")]))
+    assert decode(_kubelet()) == KubeletState(1, 1, "1:2:3")
+
+
+REJECTED = [
+    # framing
+    pytest.param(b"", id="empty"),
+    pytest.param(b"not json", id="not-json"),
+    pytest.param(b'{"v": 1', id="truncated"),
+    pytest.param(b"\xff\xfe{}", id="not-utf8"),
+    pytest.param(b'{"v":1,"type":"kubelet_state","kubelet_socket":"\xc3"}', id="invalid-utf8-in-string"),
+    pytest.param(b"\xef\xbb\xbf" + _kubelet(), id="utf8-bom"),
+    pytest.param(b"[]", id="json-array"),
+    pytest.param(b"null", id="json-null"),
+    pytest.param(b"1", id="json-number"),
+    pytest.param(b'"device_snapshot"', id="json-string"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, id="deeply-nested"),
+    pytest.param(_kubelet() + b" {}", id="trailing-data"),
+    # version
+    pytest.param(_snapshot(v=_DROP), id="no-version"),
+    pytest.param(_snapshot(v=0), id="version-0"),
+    pytest.param(_snapshot(v=2), id="version-2"),
+    pytest.param(_snapshot(v="1"), id="version-string"),
+    pytest.param(_snapshot(v=None), id="version-null"),
+    # type
+    pytest.param(_snapshot(type="device_delta"), id="unknown-type"),
+    pytest.param(_snapshot(type=_DROP), id="no-type"),
+    pytest.param(_snapshot(type=None), id="null-type"),
+    pytest.param(_snapshot(type=["device_snapshot"]), id="list-type"),
+    # epoch and seq
+    pytest.param(_snapshot(epoch=_DROP), id="no-epoch"),
+    pytest.param(_snapshot(seq=_DROP), id="no-seq"),
+    pytest.param(_snapshot(epoch=True), id="bool-epoch"),
+    pytest.param(_snapshot(seq=True), id="bool-seq"),
+    pytest.param(_kubelet(seq=False), id="kubelet-bool-seq"),
+    pytest.param(_snapshot(seq=1.0), id="float-seq"),
+    pytest.param(_snapshot(epoch="1"), id="string-epoch"),
+    pytest.param(_snapshot(seq=None), id="null-seq"),
+    pytest.param(_snapshot(seq=-1), id="negative-seq"),
+    pytest.param(_kubelet(epoch=-5), id="negative-epoch"),
+    pytest.param(b'{"v":1,"type":"kubelet_state","epoch":1,"seq":NaN,"kubelet_socket":"","plugin_sockets":[]}', id="nan-seq"),
+    pytest.param(b'{"v":1,"type":"kubelet_state","epoch":1,"seq":1e400,"kubelet_socket":"","plugin_sockets":[]}', id="inf-seq"),
+    pytest.param(
+        b'{"v":1,"type":"kubelet_state","epoch":1,"seq":' + b"9" * 5000 + b',"kubelet_socket":"","plugin_sockets":[]}',
+        id="5000-digit-seq",
+    ),
+    # device snapshot body
+    pytest.param(_snapshot(devices=_DROP), id="no-devices"),
+    pytest.param(_snapshot(devices={"cola1": "Healthy"}), id="devices-object"),
+    pytest.param(_snapshot(devices="cola1"), id="devices-string"),
+    pytest.param(_snapshot(devices=["cola1"]), id="device-bare-string"),
+    pytest.param(_snapshot(devices=[["cola1"]]), id="device-one-element"),
+    pytest.param(_snapshot(devices=[["cola1", "Healthy", 0]]), id="device-three-elements"),
+    pytest.param(_snapshot(devices=[{"id": "cola1", "health": "Healthy"}]), id="device-object"),
+    pytest.param(_snapshot(devices=[[1, "Healthy"]]), id="device-int-id"),
+    pytest.param(_snapshot(devices=[["cola1", True]]), id="device-bool-health"),
+    pytest.param(_snapshot(devices=[["", "Healthy"]]), id="device-empty-id"),
+    pytest.param(_snapshot(devices=[[".hidden", "Healthy"]]), id="device-hidden-id"),
+    pytest.param(_snapshot(devices=[["a,b", "Healthy"]]), id="device-comma-id"),
+    pytest.param(_snapshot(devices=[["x" * 64, "Healthy"]]), id="device-64-char-id"),
+    pytest.param(_snapshot(devices=[["caf\u00e9", "Healthy"]]), id="device-non-ascii-id"),
+    pytest.param(_snapshot(devices=[["\udcff", "Healthy"]]), id="device-surrogate-id"),
+    pytest.param(_snapshot(devices=[["cola1", "healthy"]]), id="device-lowercase-health"),
+    pytest.param(_snapshot(devices=[["cola1", "Sick"]]), id="device-unknown-health"),
+    pytest.param(_snapshot(devices=[["cola1", ""]]), id="device-empty-health"),
+    pytest.param(_snapshot(devices=[["cola1", "Healthy"], ["cola1", "Healthy"]]), id="duplicate-ids"),
+    pytest.param(_snapshot(devices=[["cola1", "Healthy"], ["cola1", "Unhealthy"]]), id="duplicate-ids-other-health"),
+    pytest.param(_snapshot(dir_present=_DROP), id="no-dir-present"),
+    pytest.param(_snapshot(dir_present=1), id="int-dir-present"),
+    pytest.param(_snapshot(dir_present="true"), id="string-dir-present"),
+    # kubelet state body
+    pytest.param(_kubelet(kubelet_socket=_DROP), id="no-kubelet-socket"),
+    pytest.param(_kubelet(kubelet_socket=None), id="null-kubelet-socket"),
+    pytest.param(_kubelet(kubelet_socket=123), id="int-kubelet-socket"),
+    pytest.param(_kubelet(plugin_sockets=_DROP), id="no-plugin-sockets"),
+    pytest.param(_kubelet(plugin_sockets="a.sock"), id="string-plugin-sockets"),
+    pytest.param(_kubelet(plugin_sockets=["a.sock", 1]), id="int-in-plugin-sockets"),
+    pytest.param(_kubelet(plugin_sockets=[None]), id="null-in-plugin-sockets"),
+]
+
+
+@pytest.mark.parametrize("data", REJECTED)
+def test_decode_rejects(data: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode(data)
+
+
+@pytest.mark.parametrize(
+    "version",
+    [pytest.param(True, id="bool-true"), pytest.param(1.0, id="float-1.0")],
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: messages.decode checks the version with `body.get('v') != WIRE_VERSION`, so "
+    "true and 1.0 pass as version 1 although the module refuses bool/float for epoch and seq",
+)
+def test_decode_rejects_version_of_wrong_type(version: object) -> None:
+    with pytest.raises(MessageError):
+        decode(_kubelet(v=version))
+
+
+ACCEPTED = [
+    pytest.param(_snapshot(devices=[]), DeviceSnapshot(1, 1, DeviceSet()), id="no-devices"),
+    pytest.param(
+        _snapshot(devices=[["b", "Unhealthy"], ["a", "Healthy"]]),
+        DeviceSnapshot(1, 1, DeviceSet.of([Device("a"), Device("b", UNHEALTHY)])),
+        id="devices-any-order",
+    ),
+    pytest.param(_snapshot(extra="ignored"), DeviceSnapshot(1, 1, DeviceSet.of([Device("cola1")])), id="extra-field"),
+    pytest.param(_kubelet(epoch=0, seq=0), KubeletState(0, 0, "1:2:3"), id="zero-epoch-seq"),
+    pytest.param(b"  \n" + _kubelet() + b"\n", KubeletState(1, 1, "1:2:3"), id="surrounding-whitespace"),
+]
+
+
+@pytest.mark.parametrize("data, expected", ACCEPTED)
+def test_decode_accepts(data: bytes, expected: Message) -> None:
+    assert decode(data) == expected
+
+
+# --- decode never raises anything but MessageError -----------------------------------------
+
+
+def _check_only_message_error(data: bytes) -> bool:
+    """Decode `data`; True if it is a valid message, False on MessageError; anything else fails."""
+    try:
+        message = decode(data)
+    except MessageError:
+        return False
+    # Whatever decodes must be a proper message that survives a round trip.
+    assert isinstance(message, (DeviceSnapshot, KubeletState))
+    assert decode(encode(message)) == message
+    return True
+
+
+def test_random_bytes_only_raise_message_error() -> None:
+    rng = random.Random(20240501)
+    alphabet = b'{}[]",:0123456789-.eEtruefalsnl \\u' + bytes(range(0, 256, 7))
+    for _ in range(3000):
+        length = rng.randrange(0, 64)
+        if rng.random() < 0.5:
+            data = bytes(rng.randrange(256) for _ in range(length))
+        else:
+            data = bytes(rng.choice(alphabet) for _ in range(length))
+        _check_only_message_error(data)
+
+
+def test_mutated_messages_only_raise_message_error() -> None:
+    rng = random.Random(7)
+    seeds = [
+        encode(DeviceSnapshot(12, 34, SOME_DEVICES)),
+        encode(KubeletState(12, 34, "1:2:3", ("colad-1.sock",))),
+    ]
+    decoded = 0
+    for _ in range(3000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randrange(1, 4)):
+            action = rng.randrange(3)
+            position = rng.randrange(len(data) + 1)
+            if action == 0 and data:
+                del data[min(position, len(data) - 1)]
+            elif action == 1:
+                data.insert(position, rng.randrange(256))
+            elif data:
+                data[min(position, len(data) - 1)] = rng.choice(b'{}[]",:01-aHU \\')
+        decoded += _check_only_message_error(bytes(data))
+    assert 0 < decoded < 3000  # some mutations (a digit, a space) still decode
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    choice = rng.randrange(9 if depth < 3 else 6)
+    if choice == 0:
+        return None
+    if choice == 1:
+        return rng.choice([True, False])
+    if choice == 2:
+        return rng.choice([0, 1, -1, 2**70, 7])
+    if choice == 3:
+        return rng.choice([0.5, -0.0, 1.0, 1e300])
+    if choice == 4:
+        return rng.choice(["", "cola1", "Healthy", "Unhealthy", "device_snapshot", "kubelet_state", "\u00e9"])
+    if choice == 5:
+        return rng.choice([[], ["cola1", "Healthy"], ["x"]])
+    if choice in (6, 7):
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["v", "type", "devices", "epoch"]): _random_json(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+_VALID_FIELDS: dict[str, list[Any]] = {
+    "v": [1],
+    "type": ["device_snapshot", "kubelet_state"],
+    "epoch": [0, 1, 2**40],
+    "seq": [0, 3, 2**40],
+    "devices": [[], [["cola1", "Healthy"]], [["a", "Unhealthy"], ["b", "Healthy"]]],
+    "dir_present": [True, False],
+    "kubelet_socket": ["", "1:2:3"],
+    "plugin_sockets": [[], ["colad-1.sock"]],
+}
+
+
+def test_random_json_bodies_only_raise_message_error() -> None:
+    # Each field is usually valid, so that many bodies decode and the rest fail
+    # on one or two defects at a time.
+    rng = random.Random(99)
+    decoded = 0
+    for _ in range(3000):
+        body: dict[str, Any] = {}
+        for key, valid in _VALID_FIELDS.items():
+            roll = rng.random()
+            if roll < 0.85:
+                body[key] = rng.choice(valid)
+            elif roll < 0.95:
+                body[key] = _random_json(rng)
+        decoded += _check_only_message_error(json.dumps(body).encode())
+    assert 0 < decoded < 3000  # the generator exercises both outcomes
+
+
+# --- SequenceTracker -----------------------------------------------------------------------
+
+
+def _snap(epoch: int, seq: int) -> DeviceSnapshot:
+    return DeviceSnapshot(epoch, seq, DeviceSet())
+
+
+def _kube(epoch: int, seq: int) -> KubeletState:
+    return KubeletState(epoch, seq, "")
+
+
+TRACKER_CASES = [
+    # (sequence of (epoch, seq) device snapshots, expected accept() results)
+    pytest.param([(1, 0)], [True], id="first-message"),
+    pytest.param([(1, 5)], [True], id="first-message-any-seq"),
+    pytest.param([(1, 1), (1, 2), (1, 3)], [True, True, True], id="increasing"),
+    pytest.param([(1, 1), (1, 5), (1, 9)], [True, True, True], id="gaps-allowed"),
+    pytest.param([(1, 1), (1, 1)], [True, False], id="duplicate"),
+    pytest.param([(1, 1), (1, 2), (1, 1)], [True, True, False], id="replay-older"),
+    pytest.param([(1, 5), (1, 2), (1, 6)], [True, False, True], id="old-then-new"),
+    pytest.param([(1, 9), (2, 0)], [True, True], id="newer-epoch-overtakes"),
+    pytest.param([(1, 9), (2, 0), (1, 10)], [True, True, False], id="older-epoch-rejected-after-overtake"),
+    pytest.param([(5, 1), (4, 100)], [True, False], id="older-epoch-rejected"),
+    pytest.param([(2, 3), (2, 3), (2, 4), (2, 4)], [True, False, True, False], id="every-duplicate"),
+]
+
+
+@pytest.mark.parametrize("positions, expected", TRACKER_CASES)
+def test_sequence_tracker(positions: list[tuple[int, int]], expected: list[bool]) -> None:
+    tracker = SequenceTracker()
+    assert [tracker.accept(_snap(e, s)) for e, s in positions] == expected
+
+
+def test_sequence_tracker_types_are_independent() -> None:
+    tracker = SequenceTracker()
+    assert tracker.accept(_snap(1, 10))
+    assert tracker.accept(_kube(1, 1))  # lower seq, other type
+    assert not tracker.accept(_kube(1, 1))
+    assert tracker.accept(_snap(1, 11))
+    assert not tracker.accept(_snap(1, 10))
+    assert tracker.accept(_kube(1, 2))
+
+
+def test_forget_lets_an_older_epoch_in() -> None:
+    # A restarted sender whose clock stepped back: refused until the receiver
+    # forgets the old connection's position.
+    tracker = SequenceTracker()
+    assert tracker.accept(_snap(100, 7))
+    assert not tracker.accept(_snap(50, 0))
+    tracker.forget("device_snapshot")
+    assert tracker.accept(_snap(50, 0))
+    assert not tracker.accept(_snap(50, 0))
+
+
+def test_forget_is_per_type() -> None:
+    tracker = SequenceTracker()
+    assert tracker.accept(_snap(100, 7))
+    assert tracker.accept(_kube(100, 7))
+    tracker.forget("kubelet_state")
+    assert tracker.accept(_kube(1, 0))
+    assert not tracker.accept(_snap(1, 0))
+
+
+def test_forget_unknown_type_is_harmless() -> None:
+    tracker = SequenceTracker()
+    tracker.forget("device_snapshot")
+    tracker.forget("no_such_type")
+    assert tracker.accept(_snap(0, 0))
+
+
+def test_rejected_message_does_not_move_the_position() -> None:
+    tracker = SequenceTracker()
+    assert tracker.accept(_snap(2, 5))
+    assert not tracker.accept(_snap(1, 100))
+    assert tracker.accept(_snap(2, 6))
