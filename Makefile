@@ -1,0 +1,53 @@
+# colad: `make run` shows the daemon working on a sandbox; `make test` runs every test.
+# Both start with `make setup`, which is idempotent and leaves colad installed in ./.venv.
+
+PYTHON ?= python3
+VENV   := .venv
+PROTOC_VENV := .venv-protoc
+# The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
+# bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
+GRPCIO_TOOLS := grpcio-tools==1.62.3
+DEV_TOOLS := pytest ruff mypy
+# Debian packages the tests use: bookworm's own runtime (the .deb's dependencies).
+APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client \
+	supervisor python3-venv
+
+.PHONY: setup deps run test lint stubs check-stubs clean
+
+setup: deps $(VENV)/.installed $(PROTOC_VENV)/.installed
+
+# Install missing Debian packages only (no network when everything is there).
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e . $(DEV_TOOLS)
+	touch $@
+
+$(PROTOC_VENV)/.installed:
+	test -x $(PROTOC_VENV)/bin/python || $(PYTHON) -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/pip install -q --disable-pip-version-check $(GRPCIO_TOOLS)
+	touch $@
+
+run: setup
+	scripts/demo.sh
+
+test: setup
+	$(VENV)/bin/python -m pytest -q -ra tests
+
+lint: setup
+	$(VENV)/bin/ruff check colad tests
+	$(VENV)/bin/mypy
+
+# Regenerate the committed stubs from colad/api/deviceplugin.proto.
+stubs: $(PROTOC_VENV)/.installed
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		colad/api/deviceplugin.proto
+
+clean:
+	rm -rf $(VENV) $(PROTOC_VENV) .sandbox build dist *.egg-info
