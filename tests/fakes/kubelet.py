@@ -20,10 +20,11 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -60,9 +61,10 @@ def _go_quote(text: str) -> str:
 
 
 def _go_status(exc: grpc.RpcError) -> str:
-    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    return f"rpc error: code = {''.join(w.capitalize() for w in code.name.split('_'))} desc = {details}"
+    """A gRPC error as grpc-go's status.Error prints it."""
+    if not isinstance(exc, grpc.Call):
+        return str(exc)
+    return f"rpc error: code = {''.join(w.capitalize() for w in exc.code().name.split('_'))} desc = {exc.details()}"
 
 
 class KubeletError(RuntimeError):
@@ -114,6 +116,13 @@ class _RegistrationServicer(pb_grpc.RegistrationServicer):
 
 
 class FakeKubelet:
+    """The device manager of one kubelet for the resource its latest successful Register named.
+
+    Newest registration wins, as with clients keyed by (name, socket) since PR #135437: a superseded
+    stream is still read and recorded in `updates` but never changes `devices()`, and its end does not
+    mark the resource unhealthy (older kubelets would, #121994). `dial_timeout` only shortens tests.
+    """
+
     def __init__(
         self,
         plugin_dir: str | Path,
@@ -152,7 +161,7 @@ class FakeKubelet:
         self._cleanup_plugin_directory()
         self.socket_path.unlink(missing_ok=True)  # newer server.go cleanupSocket()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="fake-kubelet"))
-        pb_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
+        pb_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)  # type: ignore[no-untyped-call]
         if not server.add_insecure_port("unix:" + str(self.socket_path)):
             raise RuntimeError(f"cannot listen on {self.socket_path}")
         server.start()
@@ -260,10 +269,10 @@ class FakeKubelet:
             self._close(channel)
             return f"failed to get device plugin options: {_go_status(exc) if isinstance(exc, grpc.RpcError) else exc}"
         options = (reply.pre_start_required, reply.get_preferred_allocation_available)
-        o = r.options
-        if (o.pre_start_required, o.get_preferred_allocation_available) != options:
-            self._violate(f"Register: RegisterRequest.options {'unset' if not r.HasField('options') else o} "
-                          f"differ from GetDevicePluginOptions {reply}; kubelets before 1.25 use the former")
+        sent = (r.options.pre_start_required, r.options.get_preferred_allocation_available)
+        if sent != options:  # an unset RegisterRequest.options reads as all false, as in Go
+            self._violate(f"Register: RegisterRequest.options {sent} differ from GetDevicePluginOptions {options} "
+                          "(pre_start_required, get_preferred_allocation); kubelets before 1.25 use the former")
         client = _Client(r.resource_name, r.endpoint, channel, options, stop_event)
         client.thread = threading.Thread(target=self._run, args=(client,), name=f"law-{r.endpoint}", daemon=True)
         with self._cond:
@@ -272,11 +281,11 @@ class FakeKubelet:
                 self._clients.append(client)
                 self._current[r.resource_name] = client  # newest wins (PluginConnected overwrites m.endpoints)
                 self._resource = r.resource_name
+                client.thread.start()  # `go runClient(...)`; started under the lock so stop() can join it
                 self._cond.notify_all()
         if stopped:
             self._close(channel)
             return "device plugin registration server stopped"
-        client.thread.start()  # `go runClient(...)`
         return ""
 
     # ---- ListAndWatch (client.go Run, manager.go genericDeviceUpdateCallback / PluginDisconnected) ----
@@ -294,13 +303,14 @@ class FakeKubelet:
                               f"{_go_status(exc)}")
         except ValueError:
             pass  # the channel was closed before the call started
-        with self._cond:
-            client.stream_open, client.stopped = False, True
-            held = self._held.get(client.resource)
-            if self._current.get(client.resource) is client and held is not None:
-                self._held[client.resource] = {i: constants.UNHEALTHY for i in held}  # markResourceUnhealthy
-            self._cond.notify_all()
-        self._close(client.channel)  # Disconnect; the kubelet never redials
+        finally:
+            with self._cond:
+                client.stream_open, client.stopped = False, True
+                held = self._held.get(client.resource)
+                if self._current.get(client.resource) is client and held is not None:
+                    self._held[client.resource] = {i: constants.UNHEALTHY for i in held}  # markResourceUnhealthy
+                self._cond.notify_all()
+            self._close(client.channel)  # Disconnect; the kubelet never redials
 
     def _receive(self, client: _Client, raw: bytes) -> bool:
         at = time.monotonic()
@@ -322,16 +332,18 @@ class FakeKubelet:
             self._violations.extend(problems)
             if self._current.get(client.resource) is client:
                 self._held[client.resource] = dict(devices)
-            registered = {r: sorted(i for i, h in d.items() if h == constants.HEALTHY) for r, d in self._held.items()}
             self._cond.notify_all()
         if self.write_checkpoint and not client.stop_event.is_set():
-            self._write_checkpoint(registered)
+            self._write_checkpoint()
         return True
 
-    def _write_checkpoint(self, registered: dict[str, list[str]]) -> None:
+    def _write_checkpoint(self) -> None:
         """checkpointmanager + util/store filestore.go writeFile: dot-prefixed temp file, fsync, rename."""
-        data = {"Data": {"PodDeviceEntries": [], "RegisteredDevices": registered}, "Checksum": 0}
         with self._checkpoint_lock:
+            with self._cond:  # RegisteredDevices holds only healthy IDs (manager.go writeCheckpoint)
+                registered = {r: sorted(i for i, h in d.items() if h == constants.HEALTHY)
+                              for r, d in self._held.items()}
+            data = {"Data": {"PodDeviceEntries": [], "RegisteredDevices": registered}, "Checksum": 0}
             fd, tmp = tempfile.mkstemp(prefix=".", dir=self.plugin_dir)
             with os.fdopen(fd, "w") as handle:
                 json.dump(data, handle)
@@ -391,14 +403,17 @@ class FakeKubelet:
 
     def _parse(self, reply: type[M], raw: bytes, what: str) -> M:
         try:
-            return reply.FromString(raw)
+            return cast(M, reply.FromString(raw))
         except DecodeError as exc:  # kubelets since 1.34 reject invalid UTF-8 in string fields
             self._violate(f"{what}: reply does not decode: {exc}")
             raise KubeletError(f"{what}: {exc}") from exc
 
+    def _current_locked(self) -> _Client | None:
+        return self._current.get(self._resource) if self._resource else None
+
     def _live_client(self) -> _Client:
         with self._cond:
-            client = self._current.get(self._resource) if self._resource else None
+            client = self._current_locked()
         if client is None:
             raise KubeletError(f"unknown Device Plugin {self._resource}")
         if client.stopped:
@@ -421,12 +436,17 @@ class FakeKubelet:
         with self._cond:
             return list(self._violations)
 
+    def clear_violations(self) -> None:
+        """Forget recorded violations (for a test that provokes one on purpose and has checked it)."""
+        with self._cond:
+            self._violations.clear()
+
     def successful_registrations(self) -> list[Registration]:
         return [r for r in self.registrations if r.ok]
 
     def current_endpoint(self) -> str | None:
         with self._cond:
-            client = self._current.get(self._resource) if self._resource else None
+            client = self._current_locked()
             return client.endpoint if client else None
 
     def devices(self) -> dict[str, str] | None:
@@ -440,12 +460,12 @@ class FakeKubelet:
 
     def stream_alive(self) -> bool:
         with self._cond:
-            client = self._current.get(self._resource) if self._resource else None
+            client = self._current_locked()
             return client is not None and client.stream_open
 
     def options(self) -> tuple[bool, bool] | None:
         with self._cond:
-            client = self._current.get(self._resource) if self._resource else None
+            client = self._current_locked()
             return client.options if client else None
 
     def wait_registered(self, count: int = 1, timeout: float = 10.0) -> Registration:
@@ -453,7 +473,7 @@ class FakeKubelet:
             done = self.successful_registrations()
             return done[-1] if len(done) >= count else None
 
-        return self._wait(latest, timeout, f"{count} successful registration(s)")
+        return cast(Registration, self._wait(latest, timeout, f"{count} successful registration(s)"))
 
     def wait_devices(self, expected: dict[str, str] | set[str], timeout: float = 10.0) -> None:
         want = {i: constants.HEALTHY for i in expected} if isinstance(expected, set) else dict(expected)
@@ -462,7 +482,7 @@ class FakeKubelet:
 
     def close_stream(self) -> None:
         with self._cond:
-            client = self._current.get(self._resource) if self._resource else None
+            client = self._current_locked()
         if client is None:
             raise KubeletError("no current endpoint")
         self._close(client.channel)
