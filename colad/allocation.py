@@ -45,7 +45,9 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
 
 def _natural_key(device_id: str) -> tuple[object, ...]:
     # "cola2" before "cola10": operators number devices and expect that order.
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", device_id))
+    # Ties ("cola1" and "cola01") are broken by the plain ID, so the order never depends on set order.
+    parts = re.split(r"([0-9]+)", device_id)
+    return (tuple((1, int(p), "") if p.isdigit() and p.isascii() else (0, 0, p) for p in parts), device_id)
 
 
 def preferred(available: Sequence[str], must_include: Sequence[str], size: int) -> tuple[str, ...]:

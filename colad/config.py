@@ -97,7 +97,7 @@ def _address_problem(value: str) -> str | None:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         return "must be host:port"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 <= int(port) <= 65535:
         return "port must be a number from 0 to 65535"
     return None
 
@@ -111,7 +111,7 @@ def _level_problem(value: str) -> str | None:
 
 
 def _positive_problem(value: float) -> str | None:
-    return None if value > 0 else "must be greater than 0"
+    return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
 
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
@@ -147,7 +147,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
 
-    path = flags.pop("config", None) or env.get("COLAD_CONFIG")
+    path = flags.pop("config", None) or env.get("COLAD_CONFIG") or None
     explicit = path is not None
     path = str(path) if path else DEFAULT_CONFIG_PATH
     fields = {f.name: f for f in _settable_fields()}
@@ -160,7 +160,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         if explicit:
             problems.append(f"config file {path}: not found")
         path = ""
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         problems.append(f"config file {path}: {exc}")
     for key, raw in file_data.items():
         if key not in fields:
@@ -168,6 +168,9 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             continue
         values[key], sources[key] = raw, f"file {path}"
 
+    known_vars = {ENV_PREFIX + name.upper() for name in fields} | {"COLAD_CONFIG"}
+    for var in sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known_vars):
+        problems.append(f"environment {var}: unknown variable")
     for name in fields:
         var = ENV_PREFIX + name.upper()
         if var in env:

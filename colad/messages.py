@@ -82,7 +82,7 @@ def decode(data: bytes) -> Message:
         raise MessageError(f"not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise MessageError("not a JSON object")
-    if body.get("v") != WIRE_VERSION:
+    if type(body.get("v")) is not int or body.get("v") != WIRE_VERSION:
         raise MessageError(f"unsupported version {body.get('v')!r}")
     kind = body.get("type")
     epoch, seq = _need(body, "epoch", int), _need(body, "seq", int)

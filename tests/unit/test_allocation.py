@@ -12,6 +12,8 @@ from colad.constants import COLA_DEVICES_ENV, HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, ColadError
 
+pytestmark = pytest.mark.unit
+
 DEVICES = DeviceSet.of(
     [
         Device("cola1"),
@@ -145,11 +147,6 @@ def test_preferred_large_input_natural_order() -> None:
     assert preferred(shuffled, [], 1000) == tuple(ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: allocation.preferred breaks natural-key ties (cola1 vs cola01) by set iteration order, "
-    "which depends on PYTHONHASHSEED, so the 'deterministic' answer changes across processes",
-)
 def test_preferred_ties_in_natural_order_are_broken_deterministically() -> None:
     # cola1, cola01, cola001, ... all have the natural key ("cola", 1, ""); every
     # one is a valid device ID. A deterministic answer needs a tie-break, the
@@ -161,10 +158,5 @@ def test_preferred_ties_in_natural_order_are_broken_deterministically() -> None:
         assert preferred(ids, [], 1) == (min(ids),)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: allocation._natural_key calls int() on parts for which str.isdigit() is true but "
-    "which int() rejects (e.g. superscript '\u00b2'), so preferred() raises ValueError despite 'never raises'",
-)
 def test_preferred_never_raises_on_odd_ids() -> None:
     assert preferred(["x1\u00b2", "x2"], [], 2) == ("x1\u00b2", "x2")

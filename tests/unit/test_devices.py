@@ -20,6 +20,8 @@ from colad.devices import (
     id_problem,
 )
 
+pytestmark = pytest.mark.unit
+
 # --- id_problem ----------------------------------------------------------------------------
 
 ACCEPTED_IDS = [
@@ -121,7 +123,7 @@ def test_build(names: list[str], ids: tuple[str, ...], skipped: tuple[tuple[str,
     assert result.devices.ids == ids
     assert all(d.health == HEALTHY for d in result.devices)
     assert [s.name for s in result.skipped] == [name for name, _ in skipped]
-    for entry, (_, reason) in zip(result.skipped, skipped):
+    for entry, (_, reason) in zip(result.skipped, skipped, strict=True):
         assert isinstance(entry, SkippedName)
         assert reason in entry.reason
 
