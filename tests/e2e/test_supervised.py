@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -171,9 +170,8 @@ def test_status_shows_processes_registration_and_device_count(colad: ColadServic
     settle(colad, kubelet)
 
     def status() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "colad", "status", "--json"], env=colad.env, capture_output=True, text=True, timeout=20
-        )
+        command = [sys.executable, "-m", "colad", "status", "--json"]
+        return subprocess.run(command, env=colad.env, capture_output=True, text=True, timeout=20)
 
     result = wait_until(lambda: (r := status()).returncode == 0 and r, 10, "colad status to report healthy")
     report = json.loads(result.stdout)
