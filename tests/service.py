@@ -22,8 +22,10 @@ PROGRAMS = ("plugin", "discovery", "kubelet-watch")
 
 
 class ColadService:
-    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None, python: str = sys.executable) -> None:
+        """`python` runs colad: the venv's by default, or Debian's /usr/bin/python3 with bookworm's packages."""
         self.root = root
+        self.python = python
         self.device_dir = root / "colas"
         self.kubelet_dir = root / "kubelet"
         self.run_dir = root / "run"
@@ -41,6 +43,10 @@ class ColadService:
                 "COLAD_LOG_LEVEL": "DEBUG",
             }
         )
+        if python != sys.executable:
+            # Run this checkout's colad on another interpreter's own packages.
+            self.env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+            self.env.pop("VIRTUAL_ENV", None)
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -48,7 +54,7 @@ class ColadService:
     def start(self) -> None:
         log = open(self.log_path, "ab")  # O_APPEND: supervisord's children reopen /dev/stdout
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "colad", "supervise"],
+            [self.python, "-m", "colad", "supervise"],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
