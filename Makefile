@@ -12,7 +12,7 @@ DEV_TOOLS := pytest ruff mypy
 APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client \
 	supervisor python3-venv
 
-.PHONY: setup deps run test lint stubs check-stubs clean
+.PHONY: setup deps run test lint bench stubs clean
 
 setup: deps $(VENV)/.installed $(PROTOC_VENV)/.installed
 
@@ -39,6 +39,10 @@ run: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra tests
+
+# Figures, not assertions: start-up, change propagation, re-registration, memory.
+bench: setup
+	$(VENV)/bin/python -m bench.run --json bench/results/$$(date -u +%Y-%m-%d).json
 
 lint: setup
 	$(VENV)/bin/ruff check colad tests
