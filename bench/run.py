@@ -76,7 +76,7 @@ def measure(root: Path, changes: int, restarts: int) -> dict[str, Any]:
         results["change_propagation"] = summary(latencies)
 
         rereg, relist = [], []
-        for i in range(restarts):
+        for _ in range(restarts):
             count = len(kubelet.successful_registrations())
             kubelet.stop()
             start = time.monotonic()
@@ -107,7 +107,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     for key in ("change_propagation", "reregistration", "reregistration_to_full_list"):
         s = results[key]
-        lines.append(f"{key:<36} p50 {s['p50_ms']:>7} ms  p99 {s['p99_ms']:>7} ms  max {s['max_ms']:>7} ms  (n={s['n']})")
+        figures = f"p50 {s['p50_ms']:>7} ms  p99 {s['p99_ms']:>7} ms  max {s['max_ms']:>7} ms"
+        lines.append(f"{key:<36} {figures}  (n={s['n']})")
     lines.append(f"memory at {results['memory_devices']} devices (MiB):")
     for name, m in results["memory"].items():
         lines.append(f"  {name:<14} RSS {m['rss_mib']:>6}  PSS {m['pss_mib']:>6}")

@@ -1,0 +1,58 @@
+"""Rendering the supervisord template that ships in conf/."""
+
+from __future__ import annotations
+
+import configparser
+import sys
+from pathlib import Path
+
+import pytest
+
+from colad import supervise
+from colad.config import Config
+from colad.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+TEMPLATE = (Path(__file__).resolve().parents[2] / "conf" / "supervisord.conf").read_text()
+
+
+def parse(text: str) -> configparser.RawConfigParser:
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",))
+    parser.read_string(text)
+    return parser
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["terminal", "journal"])
+def test_template_renders_three_supervised_programs(journal: bool) -> None:
+    cfg = Config(run_dir="/run/colad-test")
+    conf = parse(supervise.render(cfg, TEMPLATE, journal=journal))
+    programs = [s.removeprefix("program:") for s in conf.sections() if s.startswith("program:")]
+    assert programs == ["plugin", "discovery", "kubelet-watch"]
+    for name in programs:
+        section = conf[f"program:{name}"]
+        assert section["command"] == f"{sys.executable} -m colad {name}"
+        assert section["autorestart"] == "true"
+        assert section["stopasgroup"] == section["killasgroup"] == "true"
+        assert section["redirect_stderr"] == "true"
+        if journal:  # /dev/stdout cannot be opened on journald's socket
+            assert (section["stdout_logfile"], section["stdout_syslog"]) == ("NONE", "true")
+        else:
+            assert section["stdout_logfile"] == "/dev/stdout"
+    assert conf["unix_http_server"]["file"] == "/run/colad-test/supervisor.sock"
+    assert conf["unix_http_server"]["chmod"] == "0700"
+    assert conf["supervisord"]["nodaemon"] == "true"
+    assert conf["supervisord"]["logfile"] == "/dev/null"
+    rendered = supervise.render(cfg, TEMPLATE, journal=True)
+    assert not [line for line in rendered.splitlines() if "/dev/stdout" in line and not line.startswith(";")]
+
+
+def test_a_bad_placeholder_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="supervisord_template"):
+        supervise.render(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
+
+
+def test_journal_detection_compares_stdout_with_journal_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    assert supervise.stdout_is_journal() is False
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")
+    assert supervise.stdout_is_journal() is False
