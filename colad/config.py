@@ -35,7 +35,10 @@ class Config:
     device_dir: str = "/etc/colas"
     kubelet_dir: str = constants.DEVICE_PLUGIN_PATH
     run_dir: str = "/run/colad"
+    # host:port of /metrics and /healthz; "" turns the endpoint off.
     metrics_address: str = "0.0.0.0:9647"
+    # Count allocations per device ID (one series per device); off for very large sets.
+    metrics_per_device: bool = True
     log_level: str = "INFO"
     # Seconds between safety rescans of the device directory (inotify is primary).
     rescan_interval: float = 30.0
@@ -95,6 +98,9 @@ def resource_name_problem(name: str) -> str | None:
 
 def _address_problem(value: str) -> str | None:
     host, sep, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if ("[" in host or "]" in host or ":" in host) and not bracketed:
+        return "IPv6 hosts go in brackets, e.g. [::1]:9647"
     if not sep or not host:
         return "must be host:port"
     if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 <= int(port) <= 65535:
@@ -119,7 +125,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "device_dir": _path_problem,
     "kubelet_dir": _path_problem,
     "run_dir": _path_problem,
-    "metrics_address": _address_problem,
+    "metrics_address": lambda v: None if v == "" else _address_problem(v),
     "log_level": _level_problem,
     "rescan_interval": _positive_problem,
     "register_timeout": _positive_problem,
@@ -127,9 +133,22 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
 def _convert(field: dataclasses.Field[Any], raw: object) -> object:
     """Coerce a file/env/flag value to the field's type, or raise ValueError."""
-    kind = type(field.default)
+    kind: type = type(field.default)
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower() if isinstance(raw, str) else None
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ValueError("must be true or false")
     if kind is float:
         if isinstance(raw, bool):
             raise ValueError("must be a number")

@@ -20,7 +20,7 @@ import pyinotify
 from colad import config as config_mod
 from colad import devices, log, messages, watch
 from colad.config import Config
-from colad.queue import QueueClient
+from colad.queue import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
 
@@ -68,6 +68,7 @@ class Discovery:
         self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
         self.epoch = time.time_ns()
         self.seq = 0
+        self.stats = StatsReporter(self.client, "discovery", self.epoch)
         self.current: devices.DeviceSet | None = None
         self.present: bool | None = None
         self.warned: set[str] = set()
@@ -76,6 +77,9 @@ class Discovery:
         self.waker: watch.SignalWaker | None = None
 
     def rescan(self, reason: str) -> None:
+        """`reason` is one of start, inotify, overflow, periodic, directory (a metrics label)."""
+        self.stats.count(f"rescans.{reason}")
+        LOG.debug("rescan", reason=reason)
         names, present = list_regular_files(self.cfg.device_dir)
         result = devices.build(names)
         for skipped in result.skipped:
@@ -125,19 +129,20 @@ class Discovery:
             self.client.check_alive()
         self.run_dir.ensure()
         if self.device_dir.ensure():
-            reason = reason or "directory changed"
+            reason = reason or "directory"
         if reason is None and self.clock() >= self.next_rescan:
             reason = "periodic"
         if reason:
             self.rescan(reason)
+        self.seq = self.stats.report(self.clock(), self.seq + 1) - 1
         self.client.flush()
 
     def timeout(self) -> float:
         now = self.clock()
         due = [self.next_rescan]
-        retry = self.client.next_retry()
-        if retry is not None:
-            due.append(retry)
+        for moment in (self.client.next_retry(), self.stats.due()):
+            if moment is not None:
+                due.append(moment)
         return max(0.0, min(due) - now)
 
     def run(self) -> int:

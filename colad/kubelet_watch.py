@@ -20,7 +20,7 @@ import pyinotify
 from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
-from colad.queue import QueueClient
+from colad.queue import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
 
@@ -67,6 +67,7 @@ class KubeletWatch:
         self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
         self.epoch = time.time_ns()
         self.seq = 0
+        self.stats = StatsReporter(self.client, "kubelet-watch", self.epoch)
         self.last: tuple[str, tuple[str, ...]] | None = None
         self.stopping = False
         self.waker: watch.SignalWaker | None = None
@@ -86,6 +87,7 @@ class KubeletWatch:
             return
         previous, self.last = self.last, state
         self.seq += 1
+        self.stats.count("changes.kubelet_socket" if previous and previous[0] != state[0] else "changes.sockets")
         if previous is None or previous[0] != state[0]:
             LOG.info(
                 "kubelet socket " + ("present" if state[0] else "absent"),
@@ -120,11 +122,12 @@ class KubeletWatch:
             reason = reason or "directory changed"
         if reason:
             self.look(reason)
+        self.seq = self.stats.report(time.monotonic(), self.seq + 1) - 1
         self.client.flush()
 
     def timeout(self) -> float | None:
-        retry = self.client.next_retry()
-        return None if retry is None else max(0.0, retry - time.monotonic())
+        due = [m for m in (self.client.next_retry(), self.stats.due()) if m is not None]
+        return None if not due else max(0.0, min(due) - time.monotonic())
 
     def run(self) -> int:
         self.run_dir.ensure()

@@ -9,6 +9,7 @@ type and a version field and a hard size limit; nothing is ever unpickled.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ WIRE_VERSION = 1
 # A snapshot of 10,000 devices with 63-character IDs is about 0.8 MB of JSON;
 # 4 MiB leaves room and still bounds what a peer can make us buffer.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Counter names: "rescans.inotify", "queue.sent" ... a bounded, label-safe alphabet.
+_COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,10 @@ class DeviceSnapshot:
     devices: DeviceSet
     dir_present: bool = True
     type: str = field(default="device_snapshot", init=False)
+
+    @property
+    def key(self) -> str:
+        return self.type
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,35 @@ class KubeletState:
     plugin_sockets: tuple[str, ...] = ()
     type: str = field(default="kubelet_state", init=False)
 
+    @property
+    def key(self) -> str:
+        return self.type
 
-Message = DeviceSnapshot | KubeletState
+
+@dataclass(frozen=True)
+class Stats:
+    """Discovery or watcher -> plugin: the sender's counters since it started, for /metrics.
+
+    Cumulative, so a lost message costs nothing; a restarted sender starts from
+    zero again, which Prometheus reads as a counter reset.
+    """
+
+    epoch: int
+    seq: int
+    role: str
+    counters: tuple[tuple[str, int], ...] = ()
+    type: str = field(default="stats", init=False)
+
+    @property
+    def key(self) -> str:
+        """Each sender's stats are a stream of their own."""
+        return f"{self.type}:{self.role}"
+
+
+ROLES = ("discovery", "kubelet-watch")
+MAX_COUNTERS = 64
+
+Message = DeviceSnapshot | KubeletState | Stats
 
 
 def encode(message: Message) -> bytes:
@@ -55,9 +89,12 @@ def encode(message: Message) -> bytes:
     if isinstance(message, DeviceSnapshot):
         body["dir_present"] = message.dir_present
         body["devices"] = [[d.device_id, d.health] for d in message.devices]
-    else:
+    elif isinstance(message, KubeletState):
         body["kubelet_socket"] = message.kubelet_socket
         body["plugin_sockets"] = list(message.plugin_sockets)
+    else:
+        body["role"] = message.role
+        body["counters"] = dict(message.counters)
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"{message.type} is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte limit")
@@ -105,28 +142,49 @@ def decode(data: bytes) -> Message:
         if not all(isinstance(s, str) for s in sockets):
             raise MessageError("plugin_sockets is not a list of strings")
         return KubeletState(epoch, seq, _need(body, "kubelet_socket", str), tuple(sockets))
+    if kind == "stats":
+        role = _need(body, "role", str)
+        if role not in ROLES:
+            raise MessageError(f"unknown role {role!r}")
+        counters = _need(body, "counters", dict)
+        if len(counters) > MAX_COUNTERS:
+            raise MessageError(f"more than {MAX_COUNTERS} counters")
+        for name, value in counters.items():
+            if not _COUNTER_NAME.match(name) or type(value) is not int or value < 0:
+                raise MessageError(f"bad counter {name!r}")
+        return Stats(epoch, seq, role, tuple(sorted(counters.items())))
     raise MessageError(f"unknown message type {kind!r}")
 
 
 class SequenceTracker:
-    """Decides which messages are news: per type, (epoch, seq) must move forward.
+    """Decides which messages are news: per stream (message `key`), (epoch, seq) must move forward.
 
     A sender's epoch is fixed at its start, so a restarted sender overtakes the
-    old one. When the connection that delivered a type's last message closes,
-    the receiver calls `forget`, so a restarted sender is accepted even if the
-    clock stepped back between the two starts.
+    old one. Each stream remembers which connection (`source`) delivered its
+    last accepted message; when that connection closes, the receiver calls
+    `forget`, so a restarted sender is accepted even if the clock stepped back
+    between the two starts. A connection whose messages were all stale cannot
+    make the receiver forget the live sender's position.
     """
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[int, int]] = {}
+        self._last: dict[str, tuple[int, int, object]] = {}
 
-    def accept(self, message: Message) -> bool:
+    def accept(self, message: Message, source: object = None) -> bool:
         position = (message.epoch, message.seq)
-        last = self._last.get(message.type)
-        if last is not None and position <= last:
+        last = self._last.get(message.key)
+        if last is not None and position <= last[:2]:
             return False
-        self._last[message.type] = position
+        self._last[message.key] = (*position, source)
         return True
 
-    def forget(self, message_type: str) -> None:
-        self._last.pop(message_type, None)
+    def forget(self, key: str, source: object = None) -> None:
+        """Forget the stream `key` if its last accepted message came from `source`."""
+        last = self._last.get(key)
+        if last is not None and last[2] is source:
+            del self._last[key]
+
+    def forget_source(self, source: object) -> None:
+        """Forget every stream whose last accepted message came from `source` (a closed connection)."""
+        for key in [k for k, v in self._last.items() if v[2] is source]:
+            del self._last[key]

@@ -26,7 +26,8 @@ from colad import constants, log, messages
 from colad.config import Config
 from colad.errors import InstanceError
 from colad.kubelet_watch import socket_identity
-from colad.queue import QueueServer
+from colad.metrics import Metrics, MetricsServer
+from colad.queue import Peer, QueueServer
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 
 LOG = log.get(__name__)
@@ -68,14 +69,19 @@ class Plugin:
         self.clock = clock
         self.wall = wall
         self.broadcast = broadcast or DeviceBroadcast()
+        self.metrics = Metrics(per_device=cfg.metrics_per_device)
+        self.metrics_server = (
+            MetricsServer(self.metrics, cfg.metrics_address, self.health) if cfg.metrics_address else None
+        )
         self.events: queue.Queue[_Event] = queue.Queue()
-        self.queue = QueueServer(cfg.queue_socket, self._on_message)
+        self.queue = QueueServer(cfg.queue_socket, self._on_message, on_reject=self._on_reject)
         self.state = State.STARTING
         self.generation = 0
         self.server: Any = None
         self.socket_path: str | None = None
         self.call: RegisterCall | None = None
         self.kubelet_identity = ""  # kubelet.sock we registered with
+        self.seen_identity: str | None = None  # the last kubelet.sock we saw, to count restarts
         self.backoff = BACKOFF_MIN
         self.retry_at: float | None = None
         self.stream_check_at: float | None = None
@@ -87,9 +93,27 @@ class Plugin:
         self.errors: list[float] = []
         self.started = clock()
 
-    # Called from other threads: only post events.
-    def _on_message(self, message: messages.Message) -> None:
+    # Called from other threads: only post events (and bump counters).
+    def _on_message(self, message: messages.Message, peer: Peer) -> None:
+        self.metrics.queue_events["received"] += 1
+        if isinstance(message, messages.Stats):
+            self.metrics.peers.update(message.role, peer.pid, message.counters)
+            return
+        role = "discovery" if isinstance(message, messages.DeviceSnapshot) else "kubelet-watch"
+        self.metrics.peers.update(role, peer.pid)
         self.events.put(_Event("message", message))
+
+    def _on_reject(self, reason: str) -> None:
+        self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
+
+    def health(self) -> tuple[bool, str]:
+        """For /healthz: registered with a live ListAndWatch stream, or why not (one line)."""
+        state, streams = self.state, self.live_streams()
+        if state is State.REGISTERED and streams > 0:
+            return True, f"ok: registered as {self.cfg.resource_name}, {len(self.broadcast.devices)} devices"
+        if state is State.REGISTERED:
+            return False, "registered, but the kubelet holds no live ListAndWatch stream"
+        return False, f"not registered: {state.value}" + (f" ({self.last_error})" if self.last_error else "")
 
     def _stream_events(self) -> StreamEvents:
         return StreamEvents(
@@ -125,6 +149,7 @@ class Plugin:
             "streams": self.live_streams(),
             "since": self.since,
             "last_error": self.last_error,
+            "metrics_address": self.metrics_server.bound if self.metrics_server else "",
         }
         tmp = self.cfg.plugin_state_file + ".tmp"
         try:
@@ -146,8 +171,9 @@ class Plugin:
                 LOG.warning("old socket not removed", path=self.socket_path, error=exc)
         self.socket_path = None
 
-    def _serve(self) -> None:
+    def _serve(self, cause: str) -> None:
         """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
+        self.metrics.server_restarts.labels(cause).inc()
         self._stop_server()
         self.generation += 1
         os.makedirs(self.cfg.kubelet_dir, mode=0o750, exist_ok=True)
@@ -158,14 +184,17 @@ class Plugin:
             if not os.path.lexists(path):
                 break
             stamp += 1
-        servicer = DevicePluginServicer(self.broadcast, self.generation, self._stream_events())
+        servicer = DevicePluginServicer(self.broadcast, self.generation, self._stream_events(), self.metrics)
         server = build_server(servicer, path)
         server.start()
         self.server, self.socket_path = server, path
         LOG.info("serving", endpoint=name, generation=self.generation)
 
-    def register(self, reason: str, *, fresh_server: bool = False) -> None:
-        """Serve (if needed) and send Register: the single path every trigger takes."""
+    def register(self, reason: str, cause: str, *, fresh_server: bool = False) -> None:
+        """Serve (if needed) and send Register: the single path every trigger takes.
+
+        `cause` is the bounded reason label for colad_plugin_server_restarts_total.
+        """
         if self.call is not None:
             self.call.cancel()
             self.call.close()
@@ -173,7 +202,7 @@ class Plugin:
         self.retry_at = None
         try:
             if fresh_server or self.socket_path is None or not os.path.exists(self.socket_path):
-                self._serve()
+                self._serve(cause)
         except OSError as exc:
             self._failed(f"cannot serve: {exc}")
             return
@@ -190,6 +219,8 @@ class Plugin:
         call.add_done_callback(lambda: self.events.put(_Event("registered", call, generation)))
 
     def _failed(self, error: str) -> None:
+        self.metrics.registrations.labels("failure").inc()
+        self.metrics.registered.set(0)
         self.last_error = error
         self.retry_at = self.clock() + self.backoff
         LOG.warning("register failed", error=error, retry_in=f"{self.backoff:.2f}s")
@@ -209,6 +240,9 @@ class Plugin:
             return
         self.backoff = BACKOFF_MIN
         self.last_error = ""
+        self.metrics.registrations.labels("success").inc()
+        self.metrics.registered.set(1)
+        self.metrics.last_registration.set(self.wall())
         self.stream_check_at = self.clock() + STREAM_EXPECTED_WITHIN
         LOG.info(
             "register to kubelet successfully",
@@ -223,24 +257,33 @@ class Plugin:
         if self.state is State.STARTING:
             return
         identity = socket_identity(self.cfg.kubelet_socket)
+        if identity and identity != self.seen_identity:
+            if self.seen_identity is not None:
+                self.metrics.kubelet_restarts.inc()
+            self.seen_identity = identity
         if identity and identity != self.kubelet_identity:
             self.backoff = BACKOFF_MIN
-            self.register(f"kubelet.sock recreated ({reason})", fresh_server=True)
+            self.register(f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh_server=True)
         elif self.socket_path is None or not os.path.exists(self.socket_path):
-            self.register(f"plugin socket removed ({reason})", fresh_server=True)
+            self.register(f"plugin socket removed ({reason})", "socket_removed", fresh_server=True)
 
     def on_message(self, message: messages.Message) -> None:
         if isinstance(message, messages.DeviceSnapshot):
             changed = self.broadcast.update(message.devices)
             first = not self.have_devices
             self.have_devices = True
+            if changed:
+                self.metrics.device_set_changes.inc()
             if changed or first:
+                self.metrics.devices.labels(constants.HEALTHY).set(message.devices.count(constants.HEALTHY))
+                self.metrics.devices.labels(constants.UNHEALTHY).set(message.devices.count(constants.UNHEALTHY))
+                self.metrics.forget_devices(set(message.devices.ids))
                 LOG.info(
                     "devices updated", devices=len(message.devices), seq=message.seq, dir_present=message.dir_present
                 )
                 self.write_state()
             if first and self.state is State.STARTING:
-                self.register("start")
+                self.register("start", "start")
         else:
             self.check_kubelet("watcher")
 
@@ -248,6 +291,7 @@ class Plugin:
         self.streams[event.generation] = self.streams.get(event.generation, 0) + event.payload
         if self.streams[event.generation] <= 0:
             del self.streams[event.generation]
+        self.metrics.streams.set(sum(self.streams.values()))
         if event.generation != self.generation:
             return
         if event.payload > 0:
@@ -260,13 +304,13 @@ class Plugin:
         now = self.clock()
         if self.state is State.STARTING and now >= self.started + INITIAL_DEVICES_WAIT:
             LOG.warning("no device snapshot yet; registering anyway", waited=f"{INITIAL_DEVICES_WAIT}s")
-            self.register("start")
+            self.register("start", "start")
         if self.retry_at is not None and now >= self.retry_at:
-            self.register("retry")
+            self.register("retry", "register_retry")
         if self.stream_check_at is not None and now >= self.stream_check_at:
             self.stream_check_at = None
             if self.state is State.REGISTERED and self.live_streams() == 0:
-                self.register("no live ListAndWatch stream", fresh_server=True)
+                self.register("no live ListAndWatch stream", "stream_lost", fresh_server=True)
         if now >= self.next_safety_check:
             self.check_kubelet("periodic")
 
@@ -283,6 +327,8 @@ class Plugin:
     def run(self) -> int:
         os.makedirs(self.cfg.run_dir, mode=0o700, exist_ok=True)
         self.queue.start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         self.started = self.clock()
         self.next_safety_check = self.started + SAFETY_CHECK_INTERVAL
         self.write_state()
@@ -326,7 +372,10 @@ class Plugin:
             self.call.close()
         self._stop_server()
         self.queue.stop()
+        self.metrics.registered.set(0)
         self.transition(State.STOPPED, "shutdown")
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         LOG.info("plugin stopped")
 
 

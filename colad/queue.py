@@ -70,7 +70,6 @@ class _Connection:
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
-        self.types: set[str] = set()
 
 
 class QueueServer:
@@ -84,7 +83,7 @@ class QueueServer:
     def __init__(
         self,
         path: str,
-        on_message: Callable[[messages.Message], None],
+        on_message: Callable[[messages.Message, Peer], None],
         *,
         allowed_uids: frozenset[int] | None = None,
         on_reject: Callable[[str], None] = lambda reason: None,
@@ -165,8 +164,7 @@ class QueueServer:
     def _drop(self, conn: _Connection, reason: str) -> None:
         self._selector.unregister(conn.sock)
         conn.sock.close()
-        for message_type in conn.types:
-            self.tracker.forget(message_type)
+        self.tracker.forget_source(conn)
         LOG.debug("queue peer gone", peer_pid=conn.peer.pid, reason=reason)
 
     def _read(self, conn: _Connection) -> None:
@@ -195,10 +193,10 @@ class QueueServer:
             except MessageError as exc:
                 self._reject(conn, str(exc))
                 return
-            conn.types.add(message.type)
-            if self.tracker.accept(message):
-                self.on_message(message)
+            if self.tracker.accept(message, conn):
+                self.on_message(message, conn.peer)
             else:
+                self.on_reject("stale")
                 LOG.debug("queue message stale", type=message.type, epoch=message.epoch, seq=message.seq)
 
     def _reject(self, conn: _Connection, reason: str) -> None:
@@ -208,12 +206,12 @@ class QueueServer:
 
 
 class QueueClient:
-    """Publishes the latest snapshot to the plugin, reconnecting as needed.
+    """Publishes the latest message of each type to the plugin, reconnecting as needed.
 
-    Only the newest message matters (they are snapshots), so a message that
-    could not be sent is simply replaced by the next one; after every
-    reconnect the latest is sent again, so a restarted plugin resyncs at once.
-    Never blocks longer than `send_timeout`.
+    Only the newest message of a type matters (they are snapshots), so one that
+    could not be sent is simply replaced by the next; after every reconnect the
+    latest of each type is sent again, so a restarted plugin resyncs at once.
+    Never blocks longer than `send_timeout`. `counters` feeds /metrics.
     """
 
     def __init__(self, path: str, *, send_timeout: float = 2.0, retry_max: float = 1.0) -> None:
@@ -221,18 +219,25 @@ class QueueClient:
         self.send_timeout = send_timeout
         self.retry_max = retry_max
         self.sock: socket.socket | None = None
-        self.latest: messages.Message | None = None
-        self.sent = True
+        self.latest: dict[str, messages.Message] = {}
+        self.unsent: set[str] = set()
+        self.counters = {"queue.sent": 0, "queue.dropped": 0}
         self._retry_at = 0.0
         self._retry_delay = 0.05
         self._expected_uid = os.geteuid()
+
+    @property
+    def sent(self) -> bool:
+        return not self.unsent
 
     def fileno(self) -> int | None:
         return self.sock.fileno() if self.sock else None
 
     def publish(self, message: messages.Message) -> None:
-        self.latest = message
-        self.sent = False
+        if message.type in self.unsent and message.type != "stats":
+            self.counters["queue.dropped"] += 1  # superseded before it could be sent
+        self.latest[message.type] = message
+        self.unsent.add(message.type)
         self.flush()
 
     def next_retry(self) -> float | None:
@@ -240,8 +245,8 @@ class QueueClient:
         return None if self.sent or self.sock else self._retry_at
 
     def flush(self, *, now: float | None = None, force: bool = False) -> bool:
-        """Send the latest message if it has not reached the current connection yet."""
-        if self.sent or self.latest is None:
+        """Send the latest message of each type that has not reached the current connection yet."""
+        if not self.unsent:
             return True
         now = time.monotonic() if now is None else now
         if self.sock is None:
@@ -250,14 +255,17 @@ class QueueClient:
             if not self._connect(now):
                 return False
         assert self.sock is not None
-        try:
-            self.sock.sendall(frame(self.latest))
-        except (TimeoutError, OSError) as exc:
-            LOG.warning("queue send failed", path=self.path, error=exc)
-            self.close()
-            self._retry_at = now
-            return False
-        self.sent = True
+        for message_type in sorted(self.unsent):
+            try:
+                self.sock.sendall(frame(self.latest[message_type]))
+            except OSError as exc:  # includes socket.timeout
+                LOG.warning("queue send failed", path=self.path, error=exc)
+                self.close()
+                self._retry_at = now
+                return False
+            self.unsent.discard(message_type)
+            if message_type != "stats":  # counting our own reports would make them never settle
+                self.counters["queue.sent"] += 1
         return True
 
     def _connect(self, now: float) -> bool:
@@ -277,6 +285,7 @@ class QueueClient:
             return False
         self.sock = sock
         self._retry_delay = 0.05
+        self.unsent = set(self.latest)  # a new connection: the peer may be a new plugin
         LOG.debug("queue connected", path=self.path, peer_pid=peer.pid)
         return True
 
@@ -293,16 +302,50 @@ class QueueClient:
         if not data:
             LOG.info("queue peer closed; will resend on reconnect", path=self.path)
             self.close()
-            self.sent = False
+            self.unsent = set(self.latest)
 
     def reconnect_now(self) -> None:
         """The queue socket was just (re)created: connect without waiting for back-off."""
         if self.sock is None:
             self._retry_at = 0.0
             self._retry_delay = 0.05
-            self.sent = self.latest is None
 
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+class StatsReporter:
+    """Sends a role's counters to the plugin as Stats messages: on change, at most once per `interval`."""
+
+    def __init__(self, client: QueueClient, role: str, epoch: int, *, interval: float = 1.0) -> None:
+        self.client = client
+        self.role = role
+        self.epoch = epoch
+        self.interval = interval
+        self.counters: dict[str, int] = {}
+        self.seq = 0
+        self._reported: dict[str, int] | None = None
+        self._next = 0.0
+
+    def count(self, name: str, by: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + by
+
+    def current(self) -> dict[str, int]:
+        return {**self.counters, **self.client.counters}
+
+    def due(self) -> float | None:
+        """Monotonic time of the next report, or None when there is nothing new to say."""
+        return None if self.current() == self._reported else self._next
+
+    def report(self, now: float, next_seq: int) -> int:
+        """Publish if due; returns the sequence number the caller should continue from."""
+        due = self.due()
+        if due is None or now < due:
+            return next_seq
+        counters = self.current()
+        self.client.publish(messages.Stats(self.epoch, next_seq, self.role, tuple(sorted(counters.items()))))
+        self._reported = counters
+        self._next = now + self.interval
+        return next_seq + 1

@@ -9,6 +9,7 @@ Neighbours: plugin.py builds servers from here and drives their life cycle.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.devices import DeviceSet
 from colad.errors import AllocationError
+from colad.metrics import Metrics
 
 LOG = log.get(__name__)
 
@@ -97,8 +99,9 @@ class StreamEvents:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, broadcast: DeviceBroadcast, generation: int, events: StreamEvents) -> None:
+    def __init__(self, broadcast: DeviceBroadcast, generation: int, events: StreamEvents, metrics: Metrics) -> None:
         self.broadcast = broadcast
+        self.metrics = metrics
         self.generation = generation
         self.events = events
         self._streams = 0
@@ -131,31 +134,41 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self.events.closed(self.generation)
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
-        devices = self.broadcast.devices
-        response = pb.AllocateResponse()
-        if not request.container_requests:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Allocate request has no container requests")
-        for index, container in enumerate(request.container_requests):
+        started = time.perf_counter()
+        try:
+            devices = self.broadcast.devices
+            # Validate every container first: a refusal must not leave half an answer counted.
             try:
-                result = allocation.allocate(devices, list(container.devices_ids))
+                if not request.container_requests:
+                    raise AllocationError("Allocate request has no container requests")
+                results = [allocation.allocate(devices, list(c.devices_ids)) for c in request.container_requests]
             except AllocationError as exc:
                 code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
-                LOG.warning("allocate refused", container=index, reason=str(exc))
+                self.metrics.allocate_requests.labels("not_found" if exc.not_found else "invalid").inc()
+                LOG.warning("allocate refused", reason=str(exc))
                 context.abort(code, str(exc))
-            response.container_responses.add(envs=result.envs)
-            LOG.info("allocate", devices=",".join(result.device_ids))
-        return response
+            response = pb.AllocateResponse()
+            for result in results:
+                response.container_responses.add(envs=result.envs)
+                self.metrics.allocated(result.device_ids)
+                LOG.info("allocate", devices=",".join(result.device_ids))
+            return response
+        finally:
+            self.metrics.allocate_duration.observe(time.perf_counter() - started)
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        response = pb.PreferredAllocationResponse()
-        for container in request.container_requests:
-            chosen = allocation.preferred(
-                list(container.available_deviceIDs), list(container.must_include_deviceIDs), container.allocation_size
-            )
-            response.container_responses.add(deviceIDs=chosen)
-        return response
+        with self.metrics.preferred_duration.time():
+            response = pb.PreferredAllocationResponse()
+            for container in request.container_requests:
+                chosen = allocation.preferred(
+                    list(container.available_deviceIDs),
+                    list(container.must_include_deviceIDs),
+                    container.allocation_size,
+                )
+                response.container_responses.add(deviceIDs=chosen)
+            return response
 
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext

