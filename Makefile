@@ -9,7 +9,7 @@ PROTOC_VENV := .venv-protoc
 GRPCIO_TOOLS := grpcio-tools==1.62.3
 DEV_TOOLS := pytest ruff mypy
 # Debian packages the tests use: bookworm's own runtime (the .deb's dependencies).
-APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client \
+APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client prometheus \
 	supervisor python3-venv
 
 .PHONY: setup deps run test lint bench stubs clean
