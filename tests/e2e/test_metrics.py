@@ -105,7 +105,8 @@ def prometheus(colad: ColadService, short_tmp: Path) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: get(f"{base}/-/ready")[0] == 200, 30, "Prometheus ready", logs=[short_tmp / "prometheus.log"])
+        logs = [short_tmp / "prometheus.log"]
+        wait_until(lambda: get(f"{base}/-/ready")[0] == 200, 30, "Prometheus ready", logs=logs)
         yield base
     finally:
         proc.terminate()
