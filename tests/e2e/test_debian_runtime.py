@@ -7,7 +7,9 @@ every role must work there exactly as in the virtualenv.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +57,16 @@ def test_colad_serves_on_bookworm_packages(debian_colad: ColadService, kubelet: 
     kubelet.wait_registered(count=2, timeout=15)
     kubelet.wait_devices({"cocacola", "peisicola", "fanta"}, timeout=15)
     assert "/usr/bin/python3 -m colad plugin" in (debian_colad.run_dir / "supervisord.conf").read_text()
+
+
+def test_metrics_on_bookworms_prometheus_client(debian_colad: ColadService, kubelet: FakeKubelet) -> None:
+    kubelet.wait_registered()
+    kubelet.wait_devices({"cocacola", "peisicola"})
+    kubelet.allocate(["peisicola"])
+    address = json.loads((debian_colad.run_dir / "plugin-state.json").read_text())["metrics_address"]
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert 'colad_allocate_requests_total{result="success"} 1.0' in text
+    assert 'grpcio="1.51.1"' in text and 'protobuf="4.21.12"' in text
+    assert "_created" not in text
