@@ -57,9 +57,14 @@ def claim_socket_path(path: str) -> None:
     probe.settimeout(1.0)
     try:
         probe.connect(path)
-    except OSError:
-        os.unlink(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        # Nobody listens (or it just went away): a stale socket left by a dead process.
+        if os.path.lexists(path):
+            os.unlink(path)
         return
+    except OSError as exc:
+        # EAGAIN (a full backlog), a timeout, EACCES...: somebody may well be there.
+        raise InstanceError(f"{path} may be in use by a live process ({exc}); is another colad running?") from None
     finally:
         probe.close()
     raise InstanceError(f"{path} is in use by a live process; is another colad running?")
@@ -118,6 +123,8 @@ class QueueServer:
         LOG.info("queue listening", path=self.path)
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         os.write(self._wake_w, b"x")
         if self._thread:
@@ -131,6 +138,9 @@ class QueueServer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -293,12 +303,17 @@ class QueueClient:
         """Call when the socket polls readable: the plugin never writes, so it means EOF."""
         if self.sock is None:
             return
+        # With a timeout set, recv() would first wait for data (MSG_DONTWAIT notwithstanding).
+        self.sock.setblocking(False)
         try:
-            data = self.sock.recv(4096, socket.MSG_DONTWAIT)
+            data = self.sock.recv(4096)
         except BlockingIOError:
             return
         except OSError:
             data = b""
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(self.send_timeout)
         if not data:
             LOG.info("queue peer closed; will resend on reconnect", path=self.path)
             self.close()

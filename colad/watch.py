@@ -139,6 +139,8 @@ class DirWatch:
     def note(self, event: Event) -> None:
         """Drop our idea of a watch the kernel has removed, so ensure() re-adds it."""
         if event.wd == self.wd and event.mask & SELF_GONE:
+            if not event.mask & pyinotify.IN_IGNORED:
+                self.inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
             self.wd = None
             self.identity = None
         if event.wd == self.parent_wd and event.mask & SELF_GONE:
