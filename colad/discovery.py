@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pyinotify
 
 from colad import config as config_mod
-from colad import devices, log, messages, watch
+from colad import devices, log, messages, proc, watch
 from colad.config import Config
 from colad.queue import QueueClient, StatsReporter
 
@@ -66,6 +66,8 @@ class Discovery:
         self.inotify = watch.Inotify()
         self.device_dir = watch.DirWatch(self.inotify, cfg.device_dir, DEVICE_EVENTS)
         self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
+        self.mounts = watch.MountWatch()
+        self.mounts.drain()
         self.epoch = time.time_ns()
         self.seq = 0
         self.stats = StatsReporter(self.client, "discovery", self.epoch)
@@ -109,12 +111,14 @@ class Discovery:
     def step(self, timeout: float) -> None:
         """One turn of the loop: wait for events, then rescan if anything may have changed."""
         waker_fd = self.waker.fileno() if self.waker else None
-        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd], timeout)
+        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd, self.mounts.fileno()], timeout)
         if waker_fd in readable and self.waker:
             self.waker.drain()
         if self.stopping:
             return
         reason = None
+        if self.mounts.fileno() in readable:
+            self.mounts.drain()  # something was mounted or unmounted: ensure() below re-checks identity
         if self.inotify.fileno() in readable:
             for event in self.inotify.read():
                 self.device_dir.note(event)
@@ -160,7 +164,7 @@ class Discovery:
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     log.setup("discovery", cfg.log_level)
-    os.umask(0o077)
+    proc.setup_role()
     role = Discovery(cfg)
     role.waker = watch.SignalWaker()
 

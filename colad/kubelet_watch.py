@@ -18,7 +18,7 @@ import time
 import pyinotify
 
 from colad import config as config_mod
-from colad import constants, log, messages, watch
+from colad import constants, log, messages, proc, watch
 from colad.config import Config
 from colad.queue import QueueClient, StatsReporter
 
@@ -65,6 +65,8 @@ class KubeletWatch:
         self.inotify = watch.Inotify()
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
         self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
+        self.mounts = watch.MountWatch()
+        self.mounts.drain()
         self.epoch = time.time_ns()
         self.seq = 0
         self.stats = StatsReporter(self.client, "kubelet-watch", self.epoch)
@@ -101,12 +103,14 @@ class KubeletWatch:
 
     def step(self, timeout: float | None) -> None:
         waker_fd = self.waker.fileno() if self.waker else None
-        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd], timeout)
+        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd, self.mounts.fileno()], timeout)
         if waker_fd in readable and self.waker:
             self.waker.drain()
         if self.stopping:
             return
         reason = None
+        if self.mounts.fileno() in readable:
+            self.mounts.drain()  # a mount over the kubelet directory: ensure() below notices
         if self.inotify.fileno() in readable:
             for event in self.inotify.read():
                 self.kubelet_dir.note(event)
@@ -144,7 +148,7 @@ class KubeletWatch:
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     log.setup("kubelet-watch", cfg.log_level)
-    os.umask(0o077)
+    proc.setup_role()
     role = KubeletWatch(cfg)
     role.waker = watch.SignalWaker()
 

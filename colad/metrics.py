@@ -270,6 +270,7 @@ class MetricsServer:
         self.bound = ""
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.failures = 0
         self._metrics_app = make_wsgi_app(metrics.registry)
 
     def app(self, environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
@@ -291,8 +292,12 @@ class MetricsServer:
         try:
             self.server = make_server(host, port, self.app, server_class=server_class, handler_class=_Handler)
         except OSError as exc:
-            LOG.error("metrics endpoint not available", address=self.address, error=exc)
+            self.failures += 1
+            if self.failures == 1:  # then retried quietly on the plugin's safety timer
+                LOG.error("metrics endpoint not available; retrying", address=self.address, error=exc)
             return False
+        if self.failures:
+            LOG.info("metrics endpoint available after retries", address=self.address, failures=self.failures)
         bound_host, bound_port = str(self.server.server_address[0]), int(self.server.server_address[1])
         self.bound = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
         self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from colad import config as config_mod
-from colad import constants, log, messages
+from colad import constants, log, messages, proc
 from colad.config import Config
 from colad.errors import InstanceError
+from colad.kubelet_watch import plugin_sockets as _colad_sockets
 from colad.kubelet_watch import socket_identity
 from colad.metrics import Metrics, MetricsServer
-from colad.queue import Peer, QueueServer
+from colad.queue import Peer, QueueServer, claim_socket_path
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 
 LOG = log.get(__name__)
@@ -74,7 +75,7 @@ class Plugin:
             MetricsServer(self.metrics, cfg.metrics_address, self.health) if cfg.metrics_address else None
         )
         self.events: queue.Queue[_Event] = queue.Queue()
-        self.queue = QueueServer(cfg.queue_socket, self._on_message, on_reject=self._on_reject)
+        self.queue: QueueServer | None = None
         self.state = State.STARTING
         self.generation = 0
         self.server: Any = None
@@ -251,6 +252,17 @@ class Plugin:
         )
         self.transition(State.REGISTERED, "kubelet accepted")
 
+    def check_queue(self) -> None:
+        if self.queue is None or not self.queue.intact():
+            if self.queue is not None:
+                LOG.warning("queue socket removed or replaced; listening again", path=self.cfg.queue_socket)
+            try:
+                self.start_queue("queue socket lost")
+            except InstanceError as exc:
+                LOG.error("queue socket taken by another process", error=str(exc))
+        if self.metrics_server is not None and self.metrics_server.server is None:
+            self.metrics_server.start()
+
     def check_kubelet(self, reason: str) -> None:
         """Verify by stat() what the watcher (or the safety timer) suggests."""
         self.next_safety_check = self.clock() + SAFETY_CHECK_INTERVAL
@@ -312,6 +324,7 @@ class Plugin:
             if self.state is State.REGISTERED and self.live_streams() == 0:
                 self.register("no live ListAndWatch stream", "stream_lost", fresh_server=True)
         if now >= self.next_safety_check:
+            self.check_queue()
             self.check_kubelet("periodic")
 
     def next_timeout(self) -> float:
@@ -324,9 +337,44 @@ class Plugin:
                 due.append(moment)
         return max(0.0, min(due) - now)
 
+    def start_queue(self, reason: str) -> None:
+        """(Re)listen on the queue socket; on failure log one clear line and retry on the safety timer."""
+        if self.queue is not None:
+            self.queue.stop()
+            self.queue = None
+        server = QueueServer(self.cfg.queue_socket, self._on_message, on_reject=self._on_reject)
+        try:
+            os.makedirs(self.cfg.run_dir, mode=0o700, exist_ok=True)
+            server.start()
+        except InstanceError:
+            server.stop()
+            raise
+        except OSError as exc:
+            server.stop()
+            LOG.error("run directory not usable; retrying", run_dir=self.cfg.run_dir, reason=reason, error=exc)
+            return
+        self.queue = server
+
+    def claim_instance(self) -> None:
+        """Remove colad sockets a dead plugin left in the kubelet directory; refuse to run beside a live one.
+
+        A previous plugin of ours may still be shutting down (supervisord restarts us
+        quickly), so a live socket gets a few seconds to go away before we give up.
+        """
+        deadline = self.clock() + 5.0
+        while True:
+            try:
+                for name in _colad_sockets(self.cfg.kubelet_dir):
+                    claim_socket_path(os.path.join(self.cfg.kubelet_dir, name))
+                self.start_queue("start")
+                return
+            except InstanceError:
+                if self.clock() >= deadline:
+                    raise
+                time.sleep(0.1)
+
     def run(self) -> int:
-        os.makedirs(self.cfg.run_dir, mode=0o700, exist_ok=True)
-        self.queue.start()
+        self.claim_instance()
         if self.metrics_server is not None:
             self.metrics_server.start()
         self.started = self.clock()
@@ -371,7 +419,8 @@ class Plugin:
             self.call.cancel()
             self.call.close()
         self._stop_server()
-        self.queue.stop()
+        if self.queue is not None:
+            self.queue.stop()
         self.metrics.registered.set(0)
         self.transition(State.STOPPED, "shutdown")
         if self.metrics_server is not None:
@@ -382,7 +431,7 @@ class Plugin:
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     log.setup("plugin", cfg.log_level)
-    os.umask(0o077)
+    proc.setup_role()
     # Signals are taken by a thread of their own (sigwait) rather than a handler:
     # a handler runs on the lifecycle thread and could re-enter its event queue's
     # lock. Blocked here, before gRPC starts its threads, so they inherit the mask.

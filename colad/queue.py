@@ -103,6 +103,7 @@ class QueueServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
+        self.inode = 0
 
     def start(self) -> None:
         claim_socket_path(self.path)
@@ -113,6 +114,7 @@ class QueueServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
+        self.inode = os.stat(self.path).st_ino
         listener.listen(16)
         listener.setblocking(False)
         self._listener = listener
@@ -121,6 +123,13 @@ class QueueServer:
         self._thread = threading.Thread(target=self._run, name="queue-server", daemon=True)
         self._thread.start()
         LOG.info("queue listening", path=self.path)
+
+    def intact(self) -> bool:
+        """Is our socket file still in place (not deleted, not replaced)?"""
+        try:
+            return self._listener is not None and os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self._stop.is_set():
@@ -134,10 +143,8 @@ class QueueServer:
                 key.data.sock.close()
         if self._listener:
             self._listener.close()
-            try:
+            if self.intact():  # never remove a socket that is no longer ours
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)

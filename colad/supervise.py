@@ -107,8 +107,12 @@ def main(args: object = None, cfg: Config | None = None) -> int:
         print(f"colad: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     conf_path = os.path.join(cfg.run_dir, constants.SUPERVISOR_CONF_NAME)
-    with open(conf_path, "w", encoding="utf-8") as handle:
-        handle.write(rendered)
+    try:
+        with open(conf_path, "w", encoding="utf-8") as handle:
+            handle.write(rendered)
+    except OSError as exc:
+        print(f"colad: cannot write {conf_path}: {exc}", file=sys.stderr)
+        return 1
     env = dict(os.environ)
     env.update(cfg.environment())
     env["PYTHONUNBUFFERED"] = "1"

@@ -77,7 +77,7 @@ def poll(fds: Iterable[int | None], timeout: float | None) -> set[int]:
     poller = select.poll()
     for fd in fds:
         if fd is not None:
-            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+            poller.register(fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
     ms = None if timeout is None else max(0, int(timeout * 1000))
     try:
         return {fd for fd, _ in poller.poll(ms)}
@@ -163,3 +163,26 @@ class SignalWaker:
                 pass
         except BlockingIOError:
             pass
+
+
+class MountWatch:
+    """Readable (POLLPRI/POLLERR) whenever the mount table changes, as /proc/self/mountinfo promises.
+
+    A filesystem mounted over a watched directory sends no inotify event into
+    it; this is how the watcher learns to look at the directory's identity again.
+    """
+
+    def __init__(self, path: str = "/proc/self/mountinfo") -> None:
+        try:
+            self.handle: object = open(path, "rb")  # noqa: SIM115 - kept open for poll()
+        except OSError:
+            self.handle = None
+
+    def fileno(self) -> int | None:
+        return self.handle.fileno() if self.handle is not None else None  # type: ignore[attr-defined]
+
+    def drain(self) -> None:
+        """Re-read the table, which re-arms the notification."""
+        if self.handle is not None:
+            self.handle.seek(0)  # type: ignore[attr-defined]
+            self.handle.read()  # type: ignore[attr-defined]

@@ -1,0 +1,99 @@
+"""Faults that must not wedge colad: its own supervisord killed, its queue socket deleted,
+a dead instance's sockets left behind, a filesystem mounted over the device directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import wait_until
+from tests.service import ColadService
+
+pytestmark = pytest.mark.e2e
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_supervisord_sigkill_takes_the_roles_down_and_a_new_start_recovers(
+    colad: ColadService, kubelet: FakeKubelet
+) -> None:
+    kubelet.wait_registered()
+    kubelet.wait_devices({"cocacola", "peisicola"})
+    children = list(colad.pids().values())
+    os.kill(colad.supervisord_pid(), signal.SIGKILL)
+    for pid in children:  # PR_SET_PDEATHSIG: no orphan keeps the sockets
+        wait_until(lambda pid=pid: not _alive(pid), 10, f"role pid {pid} to exit with supervisord")
+    assert colad.proc is not None
+    colad.proc.wait(10)
+    colad.add("while-down")
+    colad.start()  # what systemd's Restart=on-failure does
+    kubelet.wait_registered(count=2, timeout=15)
+    kubelet.wait_devices({"cocacola", "peisicola", "while-down"}, timeout=15)
+
+
+def test_a_deleted_queue_socket_is_recreated_and_nothing_is_lost(colad: ColadService, kubelet: FakeKubelet) -> None:
+    kubelet.wait_registered()
+    old = colad.pids()
+    (colad.run_dir / "queue.sock").unlink()
+    colad.wait_log("queue socket removed or replaced; listening again", timeout=15)
+    wait_until(lambda: (colad.run_dir / "queue.sock").exists(), 5, "a new queue socket")
+    colad.add("after-queue-loss")
+    kubelet.wait_devices({"cocacola", "peisicola", "after-queue-loss"}, timeout=10)
+    colad.kill("discovery")  # a restarted sender must find the new socket
+    colad.wait_running(exclude_pids={"discovery": old["discovery"]})
+    colad.remove("cocacola")
+    kubelet.wait_devices({"peisicola", "after-queue-loss"}, timeout=10)
+
+
+def test_stale_sockets_of_a_dead_instance_are_removed_and_live_ones_refused(
+    short_tmp: Path, kubelet: FakeKubelet
+) -> None:
+    stale = kubelet.plugin_dir / "colad-1000.sock"
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(stale))  # bound, never listening: what a SIGKILLed plugin leaves
+    service = ColadService(short_tmp)
+    service.add("cocacola")
+    try:
+        service.start()
+        kubelet.wait_registered()
+        wait_until(lambda: not stale.exists(), 10, "the stale plugin socket to be removed")
+    finally:
+        service.stop()
+    live = kubelet.plugin_dir / "colad-2000.sock"
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(str(live))
+        other.listen(1)
+        second = ColadService(short_tmp / "second")
+        second.kubelet_dir = kubelet.plugin_dir
+        second.env["COLAD_KUBELET_DIR"] = str(kubelet.plugin_dir)
+        run = subprocess.run(
+            [second.python, "-m", "colad", "plugin"], env=second.env, capture_output=True, text=True, timeout=30
+        )
+        assert run.returncode == 1
+        assert "refusing to start" in run.stdout and "colad-2000.sock" in run.stdout
+        assert live.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_a_filesystem_mounted_over_the_device_directory_is_followed(colad: ColadService, kubelet: FakeKubelet) -> None:
+    kubelet.wait_devices({"cocacola", "peisicola"})
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "colad-test", str(colad.device_dir)], check=True)
+    try:
+        kubelet.wait_devices(set(), timeout=10)  # the mount hides the files below it
+        colad.add("on-tmpfs")
+        kubelet.wait_devices({"on-tmpfs"}, timeout=10)
+    finally:
+        subprocess.run(["umount", str(colad.device_dir)], check=True)
+    kubelet.wait_devices({"cocacola", "peisicola"}, timeout=10)
