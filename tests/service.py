@@ -49,6 +49,7 @@ class ColadService:
             self.env.pop("VIRTUAL_ENV", None)
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_mark = 0  # tests sharing one service read the log from here on
 
     # Life cycle
     def start(self) -> None:
