@@ -332,5 +332,6 @@ class Chaos:
                 f"  worst={max(times) * 1000:8.0f} ms"
             )
         lost_devices = sum(r.lost_devices for r in lost)
-        lines.append(f"faults={len(self.records)} recovered={len(self.records) - len(lost)} lost_devices={lost_devices}")
+        recovered = len(self.records) - len(lost)
+        lines.append(f"faults={len(self.records)} recovered={recovered} lost_devices={lost_devices}")
         return "\n".join(lines)
