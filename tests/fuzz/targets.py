@@ -1,0 +1,54 @@
+"""Fuzz targets: the two decoders that take bytes from outside (queue frames and gRPC requests).
+
+Each target takes raw bytes and must only ever raise the error it documents.
+They run under atheris (coverage-guided) in `make soak`, and every input kept
+in tests/fuzz/regressions/<target>/ runs as a plain unit test in `make test`.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+
+from colad import allocation, messages
+from colad.api import deviceplugin_pb2 as pb
+from colad.devices import Device, DeviceSet
+from colad.errors import AllocationError, MessageError
+
+DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])
+
+
+def messages_target(data: bytes) -> None:
+    """Queue frames: decode raises MessageError or yields a message that round-trips."""
+    try:
+        message = messages.decode(data)
+    except MessageError:
+        return
+    assert messages.decode(messages.encode(message)) == message
+
+
+def requests_target(data: bytes) -> None:
+    """gRPC requests as the servicer converts them: only DecodeError and AllocationError are expected."""
+    try:
+        request = pb.AllocateRequest.FromString(data)
+    except DecodeError:
+        request = None
+    if request is not None:
+        for container in request.container_requests:
+            try:
+                result = allocation.allocate(DEVICES, list(container.devices_ids))
+            except AllocationError:
+                continue
+            assert result.envs["COLA_DEVICES"] == ",".join(container.devices_ids)
+    try:
+        preferred = pb.PreferredAllocationRequest.FromString(data)
+    except DecodeError:
+        return
+    for container in preferred.container_requests:
+        chosen = allocation.preferred(
+            list(container.available_deviceIDs), list(container.must_include_deviceIDs), container.allocation_size
+        )
+        assert len(chosen) <= max(container.allocation_size, 0)
+        assert set(chosen) <= set(container.available_deviceIDs)
+
+
+TARGETS = {"messages": messages_target, "requests": requests_target}
