@@ -8,11 +8,15 @@ PROTOC_VENV := .venv-protoc
 # bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
 DEV_TOOLS := pytest ruff mypy
+# Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
+# and boot the installed package in a fresh bookworm root (debootstrap, systemd-nspawn).
+DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel \
+	dpkg-dev fakeroot lintian debootstrap systemd-container python3-pytest systemd man-db
 # Debian packages the tests use: bookworm's own runtime (the .deb's dependencies).
 APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client prometheus \
-	supervisor python3-venv
+	supervisor python3-venv $(DEB_PACKAGES)
 
-.PHONY: setup deps run test lint bench stubs clean
+.PHONY: setup deps run test lint bench stubs deb clean
 
 setup: deps $(VENV)/.installed $(PROTOC_VENV)/.installed
 
@@ -40,8 +44,12 @@ run: setup
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra tests
 
-# Figures, not assertions: start-up, change propagation, re-registration, memory.
+# colad against a single-process plugin through the same harness: figures, ratios and one PASS/FAIL line
+# per budget (docs/PERFORMANCE.md). A report, not a test: it exits 0 whatever the verdicts. py-spy, when it
+# can be installed, names the Python threads that wake while idle.
 bench: setup
+	@test -x $(VENV)/bin/py-spy || $(VENV)/bin/pip install -q --disable-pip-version-check py-spy \
+		|| echo "bench: py-spy not installed; idle threads are named by comm only"
 	$(VENV)/bin/python -m bench.run --json bench/results/$$(date -u +%Y-%m-%d).json
 
 lint: setup
@@ -52,6 +60,12 @@ lint: setup
 stubs: $(PROTOC_VENV)/.installed
 	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		colad/api/deviceplugin.proto
+
+# The Debian package, built with dh + pybuild from a clean copy of this tree (packaging/build-deb.sh).
+# Prints the path of the .deb; the build log is dist/build-deb.log.
+deb: deps
+	@mkdir -p dist
+	@packaging/build-deb.sh dist 2>dist/build-deb.log || { tail -n 40 dist/build-deb.log; exit 1; }
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV) .sandbox build dist *.egg-info

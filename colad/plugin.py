@@ -204,7 +204,7 @@ class Plugin:
         try:
             if fresh_server or self.socket_path is None or not os.path.exists(self.socket_path):
                 self._serve(cause)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
             self._failed(f"cannot serve: {exc}")
             return
         assert self.socket_path is not None
