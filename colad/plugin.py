@@ -85,6 +85,7 @@ class Plugin:
         self.seen_identity: str | None = None  # the last kubelet.sock we saw, to count restarts
         self.backoff = BACKOFF_MIN
         self.retry_at: float | None = None
+        self.retry_fresh = False
         self.stream_check_at: float | None = None
         self.next_safety_check = 0.0
         self.streams: dict[int, int] = {}
@@ -219,7 +220,8 @@ class Plugin:
         self.call = call
         call.add_done_callback(lambda: self.events.put(_Event("registered", call, generation)))
 
-    def _failed(self, error: str) -> None:
+    def _failed(self, error: str, *, fresh_server: bool = False) -> None:
+        self.retry_fresh = fresh_server
         self.metrics.registrations.labels("failure").inc()
         self.metrics.registered.set(0)
         self.last_error = error
@@ -234,10 +236,13 @@ class Plugin:
             call.close()
             return
         error = call.error()
+        late = bool(error) and call.may_still_complete()
         call.close()
         self.call = None
         if error:
-            self._failed(error)
+            # A Register we stopped waiting for may still be carried out: retry on a new socket,
+            # so that a late one dials a socket that is gone instead of opening a second stream.
+            self._failed(error, fresh_server=late)
             return
         self.backoff = BACKOFF_MIN
         self.last_error = ""
@@ -318,7 +323,7 @@ class Plugin:
             LOG.warning("no device snapshot yet; registering anyway", waited=f"{INITIAL_DEVICES_WAIT}s")
             self.register("start", "start")
         if self.retry_at is not None and now >= self.retry_at:
-            self.register("retry", "register_retry")
+            self.register("retry", "register_retry", fresh_server=self.retry_fresh)
         if self.stream_check_at is not None and now >= self.stream_check_at:
             self.stream_check_at = None
             if self.state is State.REGISTERED and self.live_streams() == 0:

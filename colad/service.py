@@ -215,6 +215,21 @@ class RegisterCall:
             return repr(exc)
         return None
 
+    def may_still_complete(self) -> bool:
+        """True when the kubelet may yet act on this call (we gave up waiting, it did not refuse).
+
+        The kubelet goes on with a Register whose caller has gone: it dials the
+        endpoint and opens a ListAndWatch stream. Serving again on the same socket
+        would then leave it holding two streams to us.
+        """
+        try:
+            self.future.result(timeout=0)
+        except grpc.RpcError as exc:
+            return exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)  # type: ignore[attr-defined]
+        except Exception:
+            return True
+        return False
+
     def cancel(self) -> None:
         self.future.cancel()
 

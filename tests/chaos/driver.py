@@ -169,6 +169,9 @@ class Chaos:
         self.kubelet.restart()
         self.pause(0.5, 2.5)
         self.kubelet.register_delay = 0.0
+        # The fault lasts until the kubelet has carried out the Registers it held back (as Go does):
+        # only then can a late one have opened a second stream.
+        self.pause(2.0, 2.0)
 
     def close_stream(self) -> None:
         self.kubelet.close_stream()
@@ -304,7 +307,7 @@ class Chaos:
         except WaitTimeout as exc:
             held = self.kubelet.devices() or {}
             lost = sum(1 for name in self.expected() if held.get(name) != "Healthy")
-            record = Record(fault, None, lost, str(exc)[:3000])
+            record = Record(fault, None, lost, f"{self.problem()}\n{str(exc)[:3000]}")
         self.records.append(record)
         took = time.monotonic() - started
         status = f"recovered in {record.recovery_s * 1000:.0f} ms" if record.recovery_s is not None else "LOST"

@@ -102,3 +102,29 @@ def test_ten_thousand_devices_fit_one_list_and_arrive_exact(colad: ColadService,
     assert biggest < 4 * 1024 * 1024, "the kubelet's 4 MiB receive limit"
     colad.add("one-more")
     kubelet.wait_devices({"cocacola", "peisicola", "one-more", *names}, timeout=30)
+
+
+def test_a_register_the_kubelet_carries_out_late_never_leaves_two_streams(short_tmp: Path) -> None:
+    """A kubelet that answers Register after colad gave up still dials the endpoint it was given.
+
+    colad must have moved to a new socket by then, or the kubelet would hold two streams to it.
+    """
+    kubelet = FakeKubelet(short_tmp / "kubelet", register_delay=2.0)
+    kubelet.start()
+    service = ColadService(short_tmp, extra_env={"COLAD_REGISTER_TIMEOUT": "1"})
+    service.add("cocacola")
+    try:
+        service.start()
+        wait_until(lambda: len(kubelet.registrations) >= 2, 20, "a timed-out Register and its retry")
+        kubelet.register_delay = 0.0
+        kubelet.wait_devices({"cocacola"}, timeout=20)
+        # Let the kubelet carry out every Register it held back, then look.
+        wait_until(lambda: kubelet.registers_in_flight() == 0, 15, "held Registers carried out")
+        kubelet.wait_devices({"cocacola"}, timeout=10)
+        assert kubelet.live_streams() == 1, kubelet.registrations
+        late_ok = [r for r in kubelet.registrations if r.ok]
+        assert late_ok, "the retry registered"
+        assert kubelet.violations == []
+    finally:
+        service.stop()
+        kubelet.stop()

@@ -143,6 +143,7 @@ class FakeKubelet:
         self._registrations: list[Registration] = []
         self._updates: list[ListAndWatchUpdate] = []
         self._violations: list[str] = []
+        self._in_flight = 0  # Register calls being carried out, even those whose caller gave up
         self._clients: list[_Client] = []
         self._channels: set[grpc.Channel] = set()
         self._current: dict[str, _Client] = {}  # resource -> newest successful registration
@@ -215,10 +216,16 @@ class FakeKubelet:
     def _register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
         at = time.monotonic()
         stop_event = self._stop_event
-        if self.register_delay:
-            stop_event.wait(self.register_delay)  # a slow kubelet; cut short if it is stopped meanwhile
-        sent = request.options if request.HasField("options") else None
-        error = self._connect(request, stop_event)
+        with self._cond:
+            self._in_flight += 1
+        try:
+            if self.register_delay:
+                stop_event.wait(self.register_delay)  # a slow kubelet; cut short if it is stopped meanwhile
+            sent = request.options if request.HasField("options") else None
+            error = self._connect(request, stop_event)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
         registration = Registration(
             at=at,
             version=request.version,
@@ -435,6 +442,10 @@ class FakeKubelet:
     def violations(self) -> list[str]:
         with self._cond:
             return list(self._violations)
+
+    def registers_in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
 
     def clear_violations(self) -> None:
         """Forget recorded violations (for a test that provokes one on purpose and has checked it)."""
