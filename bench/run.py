@@ -1,134 +1,233 @@
-"""colad benchmarks: start-up, re-registration, change propagation and memory, as figures.
+"""`make bench`: colad against a single-process plugin, through the same harness, in the same run.
 
-Starts the real `colad supervise` against the fake kubelet from tests/fakes and
-prints a table (and JSON with --json PATH). Nothing here asserts a timing:
-machines are shared and noisy, so figures are for reading and comparing.
-Run with `make bench` (or `.venv/bin/python -m bench.run`).
+Starts the real `colad supervise` (supervisord + three processes + the local
+queue) and bench/baseline_plugin.py, each against its own fake kubelet from
+tests/fakes, and measures both: cold start, Allocate latency, change
+propagation, re-registration, memory, 10,000 devices, a burst, idle cost.
+Prints a table with colad / baseline ratios and a PASS/FAIL line per budget
+(bench/budgets.py); exits 0 whatever the verdicts. --json PATH also writes the
+results. Progress goes to stderr. See docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
-import statistics
+import os
+import platform
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
-from tests.service import ColadService
+from bench import budgets, measure, procstat, report
+from bench.subjects import REPO, Baseline, Colad, Subject, settle
+
+ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch", "plugin": "colad.plugin"}
+HEAVY = ("grpc", "prometheus_client", "google.protobuf")
 
 
-def percentile(values: list[float], pct: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
-    return ordered[index]
+def progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
-def summary(values: list[float]) -> dict[str, float]:
+def role_imports(python: str) -> dict[str, list[str]]:
+    """Which heavy packages each role imports on its way to main(), as `colad <role>` does."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    found = {}
+    for role, module in ROLES.items():
+        code = f"import sys, colad.cli, colad.cli_args, {module}; print(' '.join(sys.modules))"
+        loaded = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=REPO, env=env)
+        found[role] = sorted(h for h in HEAVY if h in loaded.stdout.split())
+    return found
+
+
+class CpuMeter:
+    """CPU per operation of every process of every subject, phase by phase, into results[subject]["cpu_ms"]."""
+
+    def __init__(self, subjects: list[Subject], results: dict[str, Any]) -> None:
+        self.subjects, self.results = subjects, results
+
+    def measure(self, phase: str, operations: int, run: Callable[[], None]) -> None:
+        before = measure.cpu(self.subjects)
+        run()
+        spent = measure.cpu_per_operation(before, measure.cpu(self.subjects), operations)
+        for name, figures in spent.items():
+            self.results[name].setdefault("cpu_ms", {})[phase] = figures
+
+
+def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Both plugins at `args.devices` devices, measured alternately; then a burst each."""
+    subjects = [Subject(Colad(args.python), base / "colad"), Subject(Baseline(args.python), base / "baseline")]
+    names = {f"cola-{i:02d}" for i in range(args.devices)}
+    meter = CpuMeter(subjects, results)
+    try:
+        for s in subjects:
+            progress(f"{s.name}: cold start")
+            results[s.name]["cold_start"] = measure.cold_start(s, names, "first-change")
+        progress(f"change propagation: {args.changes} changes each")
+        # The first change is the one made right after Register (cold start); the second removes it.
+        series = {s.name: [results[s.name]["cold_start"]["first_change_ms"] / 1000] for s in subjects}
+
+        def propagate() -> None:
+            for s in subjects:
+                settle(args.gap)
+                series[s.name].append(measure.change(s, "first-change", create=False))
+            for name, values in measure.changes(subjects, args.changes - 2, "change", args.gap).items():
+                series[name] += values
+
+        meter.measure("change", args.changes - 1, propagate)
+        for s in subjects:
+            results[s.name]["propagation"] = measure.summary(series[s.name])
+        progress(f"Allocate: {args.allocations} sequential calls each")
+        devices = sorted(names)
+
+        def sequential() -> None:
+            for name, values in measure.allocate_sequential(subjects, devices, args.allocations).items():
+                results[name]["allocate_sequential"] = measure.summary(values)
+
+        meter.measure("allocate_sequential", args.allocations, sequential)
+        progress(f"Allocate: {args.allocations} calls each from {args.callers} callers")
+
+        def concurrent() -> None:
+            for name, values in measure.allocate_concurrent(subjects, devices, args.allocations, args.callers).items():
+                results[name]["allocate_concurrent"] = measure.summary(values)
+
+        meter.measure("allocate_concurrent", args.allocations, concurrent)
+        progress(f"re-registration: {args.restarts} kubelet restarts each")
+
+        def restarts() -> None:
+            for name, figures in measure.reregistrations(subjects, names, args.restarts).items():
+                results[name]["reregistration"] = measure.summary(figures["registered"])
+                results[name]["reregistration_full_list"] = measure.summary(figures["full_list"])
+                results[name]["kubelet_start"] = measure.summary(figures["kubelet_start"])
+
+        meter.measure("reregistration", args.restarts, restarts)
+        for s in subjects:
+            results[s.name]["memory"] = measure.memory(s)
+        settle(3.0)  # let the last restart's stragglers (stats reports, stream checks) pass
+        progress(f"idle: {args.idle:g} s, both plugins at once")
+        for name, costs in measure.idle(subjects, args.idle).items():
+            results[name]["idle"] = costs
+        for s in subjects:
+            progress(f"{s.name}: {args.burst}-file burst")
+
+            def burst(s: Subject = s) -> None:
+                results[s.name]["burst"] = measure.burst(s, args.burst, "burst")
+
+            CpuMeter([s], results).measure("burst", 1, burst)
+            settle(2.0)
+            results[s.name]["memory_after_burst"] = measure.memory(s)
+    finally:
+        for s in subjects:
+            s.close()
+
+
+def phase_scale(base: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Each plugin alone, started over `args.scale` device files."""
+    for plugin in (Colad(args.python), Baseline(args.python)):
+        subject = Subject(plugin, base / f"{plugin.name}-scale")
+        progress(f"{subject.name}: start over {args.scale} devices")
+        try:
+            figures = measure.scale(subject, args.scale, args.more, args.gap)
+        finally:
+            subject.close()
+        figures["message_kib"] = round(figures["message_bytes"] / 1024, 1)
+        results[subject.name]["scale"] = figures
+
+
+def idle_totals(figures: dict[str, Any]) -> dict[str, float]:
+    costs = figures["idle"].values()
     return {
-        "n": len(values),
-        "p50_ms": round(statistics.median(values) * 1000, 2),
-        "p99_ms": round(percentile(values, 99) * 1000, 2),
-        "max_ms": round(max(values) * 1000, 2),
+        "cpu_s_per_min": round(sum(c["cpu_s_per_min"] for c in costs), 3),
+        "wakeups_per_min": round(sum(c["wakeups_per_min"] for c in costs), 1),
+        "busiest_wakeups_per_min": max(c["wakeups_per_min"] for c in costs),
     }
 
 
-def memory(pid: int) -> dict[str, float]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-        key, value = line.split(":", 1)
-        fields[key] = int(value.split()[0])
-    return {"rss_mib": round(fields["Rss"] / 1024, 1), "pss_mib": round(fields["Pss"] / 1024, 1)}
+def quiet_check() -> float:
+    """How busy the machine is before the bench starts (%, all CPUs, over one second)."""
+    before = procstat.machine_busy()
+    time.sleep(1.0)
+    busy = procstat.busy_percent(before, procstat.machine_busy())
+    if busy > 10:
+        progress(f"warning: the machine is {busy:g}% busy before the bench starts; absolute figures will suffer")
+    return busy
 
 
-def first_update_with(kubelet: FakeKubelet, name: str, since: int) -> float | None:
-    for update in kubelet.updates[since:]:
-        if name in update.devices:
-            return update.at
-    return None
-
-
-def measure(root: Path, changes: int, restarts: int) -> dict[str, Any]:
-    kubelet = FakeKubelet(root / "kubelet")
-    kubelet.start()
-    service = ColadService(root, extra_env={"COLAD_LOG_LEVEL": "INFO"})
-    service.add("cocacola", "peisicola")
-    results: dict[str, Any] = {}
-    try:
-        t0 = time.monotonic()
-        service.start()
-        reg = kubelet.wait_registered(timeout=20)
-        kubelet.wait_devices({"cocacola", "peisicola"})
-        results["cold_start_to_registered_ms"] = round((reg.at - t0) * 1000, 1)
-        results["cold_start_to_full_list_ms"] = round((kubelet.updates[-1].at - t0) * 1000, 1)
-
-        latencies = []
-        for i in range(changes):
-            name = f"change-{i:04d}"
-            since = len(kubelet.updates)
-            start = time.monotonic()
-            service.add(name)
-            at = wait_until(lambda name=name, since=since: first_update_with(kubelet, name, since), 10, name)
-            latencies.append(at - start)
-        results["change_propagation"] = summary(latencies)
-
-        rereg, relist = [], []
-        for _ in range(restarts):
-            count = len(kubelet.successful_registrations())
-            kubelet.stop()
-            start = time.monotonic()
-            kubelet.start()
-            reg = kubelet.wait_registered(count=count + 1, timeout=20)
-            kubelet.wait_devices(service.device_ids(), timeout=20)
-            rereg.append(reg.at - start)
-            relist.append(kubelet.updates[-1].at - start)
-        results["reregistration"] = summary(rereg)
-        results["reregistration_to_full_list"] = summary(relist)
-
-        pids = service.pids()
-        pids["supervisord"] = service.supervisord_pid()
-        mem = {name: memory(pid) for name, pid in pids.items()}
-        mem["total"] = {k: round(sum(m[k] for m in mem.values()), 1) for k in ("rss_mib", "pss_mib")}
-        results["memory_devices"] = len(service.device_ids())
-        results["memory"] = mem
-    finally:
-        service.stop()
-        kubelet.stop()
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    busy_before = quiet_check()
+    started, machine = time.monotonic(), procstat.machine_busy()
+    results: dict[str, Any] = {"colad": {}, "baseline": {}}
+    with tempfile.TemporaryDirectory(prefix="colad-bench-", dir="/tmp") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)
+        phase_small(base, args, results)
+        phase_scale(base, args, results)
+    results["imports"] = role_imports(args.python)
+    for name in ("colad", "baseline"):
+        results[name]["idle_total"] = idle_totals(results[name])
+    results["meta"] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        **runtime(args.python),
+        "machine_busy_pct_before": busy_before,
+        "machine_busy_pct_during": procstat.busy_percent(machine, procstat.machine_busy()),
+        "idle_window_s": args.idle,
+        "parameters": {k: v for k, v in vars(args).items() if k != "json"},
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
     return results
 
 
-def render(results: dict[str, Any]) -> str:
-    lines = [
-        f"cold start -> Register answered      {results['cold_start_to_registered_ms']:>8} ms",
-        f"cold start -> full list at kubelet   {results['cold_start_to_full_list_ms']:>8} ms",
-    ]
-    for key in ("change_propagation", "reregistration", "reregistration_to_full_list"):
-        s = results[key]
-        figures = f"p50 {s['p50_ms']:>7} ms  p99 {s['p99_ms']:>7} ms  max {s['max_ms']:>7} ms"
-        lines.append(f"{key:<36} {figures}  (n={s['n']})")
-    lines.append(f"memory at {results['memory_devices']} devices (MiB):")
-    for name, m in results["memory"].items():
-        lines.append(f"  {name:<14} RSS {m['rss_mib']:>6}  PSS {m['pss_mib']:>6}")
-    return "\n".join(lines)
+def runtime(python: str) -> dict[str, str]:
+    """Versions of what both plugins run on: the interpreter, grpcio, protobuf, supervisor."""
+    code = (
+        "import platform, grpc, google.protobuf as p, importlib.metadata as m; "
+        "print(platform.python_version(), grpc.__version__, p.__version__, m.version('supervisor'))"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return {"python": f"{out[0]} ({python})", "grpcio": out[1], "protobuf": out[2], "supervisor": out[3]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--changes", type=int, default=200)
-    parser.add_argument("--restarts", type=int, default=20)
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--devices", type=int, default=10, help="devices in the main phase (default 10)")
+    parser.add_argument("--changes", type=int, default=200, help="device changes per plugin (default 200)")
+    parser.add_argument(
+        "--gap", type=float, default=0.025, help="pause before each device change, seconds (default 0.025)"
+    )
+    parser.add_argument("--allocations", type=int, default=2000, help="Allocate calls per plugin and mode")
+    parser.add_argument("--callers", type=int, default=16, help="concurrent Allocate callers (default 16)")
+    parser.add_argument("--restarts", type=int, default=20, help="kubelet restarts per plugin (default 20)")
+    parser.add_argument("--idle", type=float, default=30.0, help="idle window in seconds (default 30)")
+    parser.add_argument("--scale", type=int, default=10_000, help="devices in the scale phase (default 10,000)")
+    parser.add_argument("--burst", type=int, default=10_000, help="files in the burst (default 10,000)")
+    parser.add_argument("--more", type=int, default=20, help="single changes once settled at scale (default 20)")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter both plugins run on (default: this one); /usr/bin/python3 runs them on Debian's packages",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="colad-bench-", dir="/tmp") as tmp:
-        root = Path(tmp)
-        root.chmod(0o755)
-        results = measure(root, args.changes, args.restarts)
-    print(render(results))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    results = measure_all(args)
+    verdicts = budgets.check(results)
+    results["budgets"] = [v.as_dict() for v in verdicts]
+    print(report.render(results, verdicts))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        progress(f"results written to {args.json}")
     return 0
 
 

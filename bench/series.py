@@ -28,9 +28,8 @@ def series(root: Path, devices: int, per_device: bool) -> tuple[int, int]:
         kubelet.wait_devices(set(names), timeout=120)
         for name in names:
             kubelet.allocate([name])
-        state = wait_until(
-            lambda: json.loads((service.run_dir / "plugin-state.json").read_text()).get("metrics_address"), 10, "addr"
-        )
+        state_file = service.run_dir / "state" / "plugin.json"
+        state = wait_until(lambda: json.loads(state_file.read_text()).get("metrics_address"), 10, "metrics address")
         text = urllib.request.urlopen(f"http://{state}/metrics", timeout=30).read()
         lines = [line for line in text.decode().splitlines() if line and not line.startswith("#")]
         return len(lines), len(text)

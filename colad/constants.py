@@ -33,5 +33,7 @@ PLUGIN_SOCKET_SUFFIX: Final = ".sock"
 QUEUE_SOCKET_NAME: Final = "queue.sock"
 SUPERVISOR_SOCKET_NAME: Final = "supervisor.sock"
 SUPERVISOR_CONF_NAME: Final = "supervisord.conf"
-PLUGIN_STATE_NAME: Final = "plugin-state.json"
+# In a subdirectory: discovery and kubelet-watch watch run_dir itself for queue.sock, and
+# every state-file rename there would wake them on the path of a device change.
+PLUGIN_STATE_NAME: Final = "state/plugin.json"
 COLA_DEVICES_ENV: Final = "COLA_DEVICES"

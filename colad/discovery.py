@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import time
 from collections.abc import Callable
 
@@ -43,7 +42,8 @@ def list_regular_files(path: str) -> tuple[list[str], bool]:
         with os.scandir(path) as entries:
             for entry in entries:
                 try:
-                    if stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+                    # d_type from getdents: no stat() per file (lstat only where d_type is unknown).
+                    if entry.is_file(follow_symlinks=False):
                         names.append(entry.name)
                 except FileNotFoundError:
                     continue  # removed while we listed: the next event rescans
@@ -92,9 +92,12 @@ class Discovery:
         self.next_rescan = self.clock() + self.cfg.rescan_interval
         if result.devices == self.current and present == self.present:
             return
-        change = devices.diff(self.current or devices.DeviceSet(), result.devices)
+        previous = self.current or devices.DeviceSet()
         self.current, self.present = result.devices, present
         self.seq += 1
+        # Send first, log after: the log line is not on the path to the kubelet.
+        self.client.publish(messages.DeviceSnapshot(self.epoch, self.seq, result.devices, present))
+        change = devices.diff(previous, result.devices)
         LOG.info(
             "device set changed",
             reason=reason,
@@ -106,12 +109,12 @@ class Discovery:
         )
         if change and len(change.added) + len(change.removed) <= 20:
             LOG.debug("device changes", added=",".join(change.added), removed=",".join(change.removed))
-        self.client.publish(messages.DeviceSnapshot(self.epoch, self.seq, result.devices, present))
 
     def step(self, timeout: float) -> None:
         """One turn of the loop: wait for events, then rescan if anything may have changed."""
         waker_fd = self.waker.fileno() if self.waker else None
-        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd, self.mounts.fileno()], timeout)
+        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
+        readable = watch.poll(fds, timeout, priority=[self.mounts.fileno()])
         if waker_fd in readable and self.waker:
             self.waker.drain()
         if self.stopping:

@@ -103,7 +103,8 @@ class KubeletWatch:
 
     def step(self, timeout: float | None) -> None:
         waker_fd = self.waker.fileno() if self.waker else None
-        readable = watch.poll([self.inotify.fileno(), self.client.fileno(), waker_fd, self.mounts.fileno()], timeout)
+        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
+        readable = watch.poll(fds, timeout, priority=[self.mounts.fileno()])
         if waker_fd in readable and self.waker:
             self.waker.drain()
         if self.stopping:

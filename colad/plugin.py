@@ -103,7 +103,12 @@ class Plugin:
             return
         role = "discovery" if isinstance(message, messages.DeviceSnapshot) else "kubelet-watch"
         self.metrics.peers.update(role, peer.pid)
-        self.events.put(_Event("message", message))
+        changed = False
+        if isinstance(message, messages.DeviceSnapshot):
+            # Straight to the streams from this thread: the lifecycle thread's bookkeeping
+            # (metrics, log, state file) is not on the path of a change to the kubelet.
+            changed = self.broadcast.update(message.devices)
+        self.events.put(_Event("message", (message, changed)))
 
     def _on_reject(self, reason: str) -> None:
         self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
@@ -155,6 +160,7 @@ class Plugin:
         }
         tmp = self.cfg.plugin_state_file + ".tmp"
         try:
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump(body, handle)
             os.replace(tmp, self.cfg.plugin_state_file)
@@ -284,9 +290,8 @@ class Plugin:
         elif self.socket_path is None or not os.path.exists(self.socket_path):
             self.register(f"plugin socket removed ({reason})", "socket_removed", fresh_server=True)
 
-    def on_message(self, message: messages.Message) -> None:
+    def on_message(self, message: messages.Message, changed: bool) -> None:
         if isinstance(message, messages.DeviceSnapshot):
-            changed = self.broadcast.update(message.devices)
             first = not self.have_devices
             self.have_devices = True
             if changed:
@@ -406,7 +411,7 @@ class Plugin:
 
     def handle(self, event: _Event) -> None:
         if event.kind == "message":
-            self.on_message(event.payload)
+            self.on_message(*event.payload)
         elif event.kind == "registered":
             self.on_registered(event)
         elif event.kind == "stream":

@@ -108,14 +108,20 @@ class QueueServer:
     def start(self) -> None:
         claim_socket_path(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bind under a temporary name and rename once listening: a sender that sees
+        # queue.sock appear (inotify) must never find it refusing connections.
+        staging = f"{self.path}.{os.getpid()}.tmp"
+        if os.path.lexists(staging):
+            os.unlink(staging)
         old = os.umask(0o177)
         try:
-            listener.bind(self.path)
+            listener.bind(staging)
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
-        self.inode = os.stat(self.path).st_ino
+        os.chmod(staging, 0o600)
         listener.listen(16)
+        os.rename(staging, self.path)
+        self.inode = os.stat(self.path).st_ino
         listener.setblocking(False)
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, None)

@@ -72,12 +72,19 @@ class Inotify:
         self.notifier.stop()
 
 
-def poll(fds: Iterable[int | None], timeout: float | None) -> set[int]:
-    """Wait until one of `fds` is readable or `timeout` seconds pass; return the readable ones."""
+def poll(fds: Iterable[int | None], timeout: float | None, *, priority: Iterable[int | None] = ()) -> set[int]:
+    """Wait until one of `fds` is readable, one of `priority` has a priority event, or `timeout` passes.
+
+    `priority` is for /proc/self/mountinfo, which is always readable and reports
+    a mount-table change as POLLPRI|POLLERR: polling it for POLLIN would spin.
+    """
     poller = select.poll()
     for fd in fds:
         if fd is not None:
-            poller.register(fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    for fd in priority:
+        if fd is not None:
+            poller.register(fd, select.POLLPRI)
     ms = None if timeout is None else max(0, int(timeout * 1000))
     try:
         return {fd for fd, _ in poller.poll(ms)}

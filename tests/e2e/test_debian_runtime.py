@@ -63,7 +63,7 @@ def test_metrics_on_bookworms_prometheus_client(debian_colad: ColadService, kube
     kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
     kubelet.allocate(["peisicola"])
-    address = json.loads((debian_colad.run_dir / "plugin-state.json").read_text())["metrics_address"]
+    address = json.loads((debian_colad.run_dir / "state" / "plugin.json").read_text())["metrics_address"]
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr

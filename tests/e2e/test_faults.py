@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,20 @@ def test_a_filesystem_mounted_over_the_device_directory_is_followed(colad: Colad
     finally:
         subprocess.run(["umount", str(colad.device_dir)], check=True)
     kubelet.wait_devices({"cocacola", "peisicola"}, timeout=10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_idle_roles_sleep(colad: ColadService, kubelet: FakeKubelet) -> None:
+    """Regression: /proc/self/mountinfo polled for POLLIN is always readable, and the watchers spun on it."""
+    kubelet.wait_devices({"cocacola", "peisicola"})
+    pids = colad.pids()
+    before = {role: _cpu_seconds(pid) for role, pid in pids.items()}
+    # An idle window: nothing changes, so nothing may run. (A spin would use the whole window.)
+    threading.Event().wait(3.0)
+    used = {role: _cpu_seconds(pid) - before[role] for role, pid in pids.items()}
+    assert all(seconds < 0.3 for seconds in used.values()), used

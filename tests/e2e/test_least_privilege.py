@@ -43,7 +43,7 @@ def test_only_the_metrics_address_listens(colad: ColadService, kubelet: FakeKube
     pids = [*colad.pids().values(), colad.supervisord_pid()]
     listeners = tcp_listeners()
     ours = {inode: listeners[inode] for pid in pids for inode in socket_inodes(pid) if inode in listeners}
-    address = json.loads((colad.run_dir / "plugin-state.json").read_text())["metrics_address"]
+    address = json.loads((colad.run_dir / "state" / "plugin.json").read_text())["metrics_address"]
     port = int(address.rsplit(":", 1)[1])
     # 127.0.0.1 is 0100007F in /proc/net/tcp's little-endian hex.
     assert list(ours.values()) == [f"0100007F:{port:04X}"], ours

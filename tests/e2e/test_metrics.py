@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def metrics_address(colad: ColadService) -> str:
     def bound() -> str:
-        state = json.loads((colad.run_dir / "plugin-state.json").read_text())
+        state = json.loads((colad.run_dir / "state" / "plugin.json").read_text())
         return str(state.get("metrics_address", ""))
 
     return wait_until(bound, 10, "the plugin to report its metrics address")

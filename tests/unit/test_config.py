@@ -89,7 +89,7 @@ DERIVED = [
     pytest.param("queue_socket", {}, "/run/colad/queue.sock", id="queue-socket-default"),
     pytest.param("queue_socket", {"run_dir": "/r"}, "/r/queue.sock", id="queue-socket"),
     pytest.param("supervisor_socket", {"run_dir": "/r"}, "/r/supervisor.sock", id="supervisor-socket"),
-    pytest.param("plugin_state_file", {"run_dir": "/r/"}, "/r/plugin-state.json", id="plugin-state-trailing-slash"),
+    pytest.param("plugin_state_file", {"run_dir": "/r/"}, "/r/state/plugin.json", id="plugin-state-trailing-slash"),
 ]
 
 

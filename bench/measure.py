@@ -1,0 +1,251 @@
+"""The measurements, written once against `Subject` so colad and the baseline go through the same code.
+
+Every latency is taken at the fake kubelet (monotonic `at` / `answered_at` of
+what it received) or around the client call it makes, never from a plugin's
+own logs. Figures are returned in milliseconds, MiB and bytes, ready for JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+
+from bench import procstat
+from bench.subjects import Subject, settle
+from colad.api import deviceplugin_pb2 as pb
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest rank: p99 of 2,000 samples is the 20th largest."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_ms": ms(percentile(values, 50)),
+        "p99_ms": ms(percentile(values, 99)),
+        "max_ms": ms(max(values)),
+    }
+
+
+def cold_start(subject: Subject, names: set[str], first: str) -> dict[str, float]:
+    """Start the plugin over `names`; create `first` the moment Register is answered."""
+    subject.create(*names)
+    subject.kubelet.start()
+    t0 = time.monotonic()
+    subject.plugin.start(subject.root)
+    registration = subject.registered()
+    t1 = time.monotonic()
+    subject.create(first)
+    full = subject.full_list_after(0, names)
+    changed = subject.update_after(0, lambda u: first in u.devices)
+    subject.plugin.wait_ready()
+    return {
+        "registered_ms": ms(registration.answered_at - t0),
+        "full_list_ms": ms(full.at - t0),
+        "first_change_ms": ms(changed.at - t1),
+    }
+
+
+def change(subject: Subject, name: str, create: bool) -> float:
+    """Seconds from one create or unlink in the device directory to the first message that shows it."""
+    endpoint = subject.kubelet.current_endpoint()
+    since = len(subject.kubelet.updates)
+    started = time.monotonic()
+    if create:
+        subject.create(name)
+    else:
+        subject.unlink(name)
+    update = subject.update_after(since, lambda u: u.endpoint == endpoint and (name in u.devices) == create)
+    return update.at - started
+
+
+def changes(subjects: Sequence[Subject], count: int, prefix: str, gap: float) -> dict[str, list[float]]:
+    """`count` changes per subject, interleaved, alternating create and unlink of `prefix-NNN`.
+
+    Each change waits `gap` seconds after the previous one was seen, so that it
+    meets a quiet system (the kubelet's checkpoint write, the plugin's follow-up
+    work), not the tail of the change before: a lone change, as on a node.
+    """
+    seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
+    for i in range(count):
+        for subject in subjects if i % 2 == 0 else reversed(subjects):
+            time.sleep(gap)
+            seconds[subject.name].append(change(subject, f"{prefix}-{i // 2:04d}", create=i % 2 == 0))
+    return seconds
+
+
+def _allocate_request(device: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[device])])
+
+
+def allocate_sequential(subjects: Sequence[Subject], devices: Sequence[str], count: int) -> dict[str, list[float]]:
+    """`count` Allocate calls per subject, one at a time, alternating between the subjects call by call."""
+    requests = [_allocate_request(d) for d in devices]
+    seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
+    for i in range(count):
+        request = requests[i % len(requests)]
+        for subject in subjects if i % 2 == 0 else reversed(subjects):
+            started = time.perf_counter()
+            subject.kubelet.allocate_raw(request)
+            seconds[subject.name].append(time.perf_counter() - started)
+    return seconds
+
+
+def _allocate_burst(subject: Subject, requests: Sequence[pb.AllocateRequest], count: int, callers: int) -> list[float]:
+    """`count` Allocate calls shared by `callers` threads that all start together."""
+    tickets = itertools.count()
+    start = threading.Barrier(callers)
+    seconds: list[float] = []
+    errors: list[BaseException] = []
+
+    def caller() -> None:
+        start.wait()
+        try:
+            while (ticket := next(tickets)) < count:
+                request = requests[ticket % len(requests)]
+                started = time.perf_counter()
+                subject.kubelet.allocate_raw(request)
+                seconds.append(time.perf_counter() - started)
+        except BaseException as exc:  # re-raised on the bench's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, name=f"caller-{n}") for n in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def allocate_concurrent(
+    subjects: Sequence[Subject], devices: Sequence[str], count: int, callers: int, rounds: int = 4
+) -> dict[str, list[float]]:
+    """`count` calls per subject from `callers` threads, in `rounds` alternating rounds."""
+    requests = [_allocate_request(d) for d in devices]
+    seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
+    for r in range(rounds):
+        for subject in subjects if r % 2 == 0 else reversed(subjects):
+            seconds[subject.name] += _allocate_burst(subject, requests, count // rounds, callers)
+    return seconds
+
+
+def reregister(subject: Subject, names: set[str]) -> tuple[float, float, float]:
+    """Restart the fake kubelet once: seconds to the Register answer, to the full list, and kubelet.start()."""
+    kubelet = subject.kubelet
+    count = len(kubelet.successful_registrations())
+    kubelet.stop()
+    since = len(kubelet.updates)
+    started = time.monotonic()
+    kubelet.start()  # kubelet.sock appears inside; the figures include this call (a few ms, also returned)
+    serving = time.monotonic()
+    registration = subject.registered(count + 1)
+    full = subject.update_after(
+        since, lambda u: u.endpoint == registration.endpoint and names <= u.devices.keys(), interval=0.001
+    )
+    return registration.answered_at - started, full.at - started, serving - started
+
+
+def reregistrations(subjects: Sequence[Subject], names: set[str], count: int) -> dict[str, dict[str, list[float]]]:
+    seconds: dict[str, dict[str, list[float]]] = {
+        s.name: {"registered": [], "full_list": [], "kubelet_start": []} for s in subjects
+    }
+    for i in range(count):
+        for subject in subjects if i % 2 == 0 else reversed(subjects):
+            registered, full_list, kubelet_start = reregister(subject, names)
+            seconds[subject.name]["registered"].append(registered)
+            seconds[subject.name]["full_list"].append(full_list)
+            seconds[subject.name]["kubelet_start"].append(kubelet_start)
+    return seconds
+
+
+def memory(subject: Subject) -> dict[str, dict[str, float]]:
+    """Per process and in total; the total also as `alone_mib`, each page of the group counted once."""
+    pids = subject.plugin.pids()
+    figures = {name: procstat.memory(pid) for name, pid in sorted(pids.items())}
+    total = {k: round(sum(m[k] for m in figures.values()), 1) for k in ("rss_mib", "pss_mib", "uss_mib")}
+    alone = procstat.footprint(pids.values())
+    figures["total"] = total if alone is None else {**total, "alone_mib": alone}
+    return figures
+
+
+def cpu(subjects: Sequence[Subject]) -> dict[str, dict[str, float]]:
+    """CPU seconds used so far by every process of every subject."""
+    return {s.name: {p: procstat.cpu_seconds(pid) for p, pid in s.plugin.pids().items()} for s in subjects}
+
+
+def cpu_per_operation(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], operations: int
+) -> dict[str, dict[str, float]]:
+    """Milliseconds of CPU per operation, per process and in total, between two `cpu()` readings."""
+    spent: dict[str, dict[str, float]] = {}
+    for name, procs in after.items():
+        per = {p: round((t - before[name].get(p, 0.0)) / operations * 1000, 3) for p, t in sorted(procs.items())}
+        spent[name] = {**per, "total": round(sum(per.values()), 3)}
+    return spent
+
+
+def idle(subjects: Sequence[Subject], seconds: float) -> dict[str, dict[str, dict[str, object]]]:
+    """CPU and wake-ups of every process of every subject over one shared quiet window."""
+    pids = {s.name: s.plugin.pids() for s in subjects}
+    before = {(s, p): procstat.sample(pid) for s, procs in pids.items() for p, pid in procs.items()}
+    started = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - started
+    after = {key: procstat.sample(pids[key[0]][key[1]]) for key in before}
+    costs: dict[str, dict[str, dict[str, object]]] = {s.name: {} for s in subjects}
+    for (name, proc), first in before.items():
+        names = procstat.python_threads(pids[name][proc])
+        costs[name][proc] = procstat.idle_cost(first, after[(name, proc)], elapsed, names)
+    return costs
+
+
+def burst(subject: Subject, count: int, prefix: str) -> dict[str, float]:
+    """Create `count` files as fast as Python can; time until one message holds them all."""
+    names = [f"{prefix}-{i:05d}" for i in range(count)]
+    since = len(subject.kubelet.updates)
+    started = time.monotonic()
+    subject.create(*names)
+    created = time.monotonic()
+    full = subject.full_list_after(since, set(names), timeout=120)
+    messages = sum(1 for u in subject.kubelet.updates[since:] if u.at <= full.at)
+    return {
+        "files": count,
+        "create_ms": ms(created - started),
+        "settled_ms": ms(full.at - started),
+        "messages": messages,
+    }
+
+
+def scale(subject: Subject, count: int, more: int, gap: float) -> dict[str, object]:
+    """Start over `count` files; then `more` single changes once settled."""
+    names = {f"cola-{i:05d}" for i in range(count)}
+    subject.create(*names)
+    subject.kubelet.start()
+    started = time.monotonic()
+    subject.plugin.start(subject.root)
+    registration = subject.registered(timeout=60)
+    full = subject.full_list_after(0, names, timeout=120)
+    subject.plugin.wait_ready()
+    settle(2.0)
+    mem = memory(subject)
+    one_more = changes([subject], more, "more", gap)[subject.name]
+    return {
+        "devices": count,
+        "registered_ms": ms(registration.answered_at - started),
+        "full_list_ms": ms(full.at - started),
+        "message_bytes": full.size_bytes,
+        "one_more_change": summary(one_more),
+        "memory": mem,
+    }

@@ -1,0 +1,184 @@
+"""The plugins under test, behind one interface, each paired with its own fake kubelet.
+
+`PluginUnderTest` is what the measurements see: start(root) returns as soon as
+the process is spawned, wait_ready() waits for it to be up, pids() names every
+process to account for, stop() ends them. `Colad` runs `colad supervise` through
+tests.service.ColadService; `Baseline` runs bench/baseline_plugin.py. Both use
+the layout ColadService defines: root/colas (devices) and root/kubelet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from tests.fakes.kubelet import FakeKubelet, ListAndWatchUpdate, Registration
+from tests.helpers import wait_until
+from tests.service import ColadService
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class PluginUnderTest(Protocol):
+    name: str
+
+    def start(self, root: Path) -> None: ...
+
+    def wait_ready(self) -> None: ...
+
+    def pids(self) -> dict[str, int]: ...
+
+    def stop(self) -> None: ...
+
+
+class Colad:
+    """colad as an operator runs it: `colad supervise`, at the default log level, metrics on."""
+
+    name = "colad"
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+        self.service: ColadService | None = None
+        self._starting: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, root: Path) -> None:
+        service = ColadService(root, extra_env={"COLAD_LOG_LEVEL": "INFO"}, python=self.python)
+        self.service, self._error = service, None
+
+        def run() -> None:  # ColadService.start() blocks until supervisord says RUNNING (startsecs=1)
+            try:
+                service.start()
+            except BaseException as exc:  # handed to wait_ready()
+                self._error = exc
+
+        self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
+        self._starting.start()
+
+    def wait_ready(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        if self._error is not None:
+            raise self._error
+
+    def pids(self) -> dict[str, int]:
+        assert self.service is not None
+        self.wait_ready()
+        return {**self.service.pids(), "supervisord": self.service.supervisord_pid()}
+
+    def stop(self) -> None:
+        if self.service is not None:
+            if self._starting is not None:
+                self._starting.join()
+            self.service.stop()
+            self.service = None
+
+
+class Baseline:
+    """bench/baseline_plugin.py: one process, on the same interpreter and packages as colad."""
+
+    name = "baseline"
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, root: Path) -> None:
+        (root / "colas").mkdir(parents=True, exist_ok=True)
+        (root / "kubelet").mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.python != sys.executable:  # as ColadService does: this checkout on another interpreter's packages
+            env["PYTHONPATH"] = str(REPO)
+            env.pop("VIRTUAL_ENV", None)
+        with open(root / "baseline.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "bench.baseline_plugin", str(root / "colas"), str(root / "kubelet")],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"baseline plugin exited with {self.proc.returncode}")
+
+    def pids(self) -> dict[str, int]:
+        assert self.proc is not None
+        return {"plugin": self.proc.pid}
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+
+class Subject:
+    """One plugin under test with its own root directory and fake kubelet."""
+
+    def __init__(self, plugin: PluginUnderTest, root: Path) -> None:
+        self.plugin = plugin
+        self.name = plugin.name
+        self.root = root
+        self.device_dir = root / "colas"
+        self.device_dir.mkdir(parents=True, exist_ok=True)
+        self.kubelet = FakeKubelet(root / "kubelet")
+
+    def create(self, *names: str) -> None:
+        for name in names:
+            (self.device_dir / name).write_bytes(b"")
+
+    def unlink(self, *names: str) -> None:
+        for name in names:
+            (self.device_dir / name).unlink()
+
+    def registered(self, count: int = 1, timeout: float = 30.0) -> Registration:
+        """The `count`-th successful registration, polled every millisecond: its `answered_at` is the figure."""
+
+        def nth() -> Registration | None:
+            done = self.kubelet.successful_registrations()
+            return done[count - 1] if len(done) >= count else None
+
+        return wait_until(nth, timeout, f"{self.name}: {count} registration(s)", interval=0.001)
+
+    def update_after(
+        self, since: int, holds: Callable[[ListAndWatchUpdate], bool], timeout: float = 30.0, interval: float = 0.002
+    ) -> ListAndWatchUpdate:
+        """The first ListAndWatch message (of any stream) after the first `since` that satisfies `holds`."""
+
+        def find() -> ListAndWatchUpdate | None:
+            return next((u for u in self.kubelet.updates[since:] if holds(u)), None)
+
+        return wait_until(find, timeout, f"{self.name}: a ListAndWatch message", interval=interval)
+
+    def full_list_after(self, since: int, names: set[str], timeout: float = 60.0) -> ListAndWatchUpdate:
+        return self.update_after(
+            since, lambda u: len(u.devices) >= len(names) and names <= u.devices.keys(), timeout, interval=0.005
+        )
+
+    def close(self) -> None:
+        try:
+            self.plugin.stop()
+        finally:
+            self.kubelet.stop()
+
+
+def settle(seconds: float) -> None:
+    """A deliberate pause between phases (never on a measurement path)."""
+    time.sleep(seconds)
