@@ -16,7 +16,7 @@ DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3
 APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client prometheus \
 	supervisor python3-venv $(DEB_PACKAGES)
 
-.PHONY: setup deps run test lint bench stubs deb clean
+.PHONY: setup deps run test lint bench soak stubs deb clean
 
 setup: deps $(VENV)/.installed $(PROTOC_VENV)/.installed
 
@@ -51,6 +51,13 @@ bench: setup
 	@test -x $(VENV)/bin/py-spy || $(VENV)/bin/pip install -q --disable-pip-version-check py-spy \
 		|| echo "bench: py-spy not installed; idle threads are named by comm only"
 	$(VENV)/bin/python -m bench.run --json bench/results/$$(date -u +%Y-%m-%d).json
+
+# Fault injection for SOAK_MINUTES (default 10), then the atheris fuzzers; ends with
+# `faults=N recovered=N lost_devices=0` (docs/RELIABILITY.md). Needs root, like colad.
+SOAK_MINUTES ?= 10
+soak: setup
+	@$(VENV)/bin/python -c "import atheris" 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check atheris
+	$(VENV)/bin/python -m tests.chaos.soak --minutes $(SOAK_MINUTES) --fuzz-seconds 60
 
 lint: setup
 	$(VENV)/bin/ruff check colad tests
