@@ -10,16 +10,15 @@ again, build a new set, compare". Neighbours: plugin.py (the queue's owner).
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable
 
 import pyinotify
 
 from colad import config as config_mod
-from colad import devices, log, messages, proc, watch
+from colad import devices, log, messages, watch
 from colad.config import Config
-from colad.queue import QueueClient, StatsReporter
+from colad.queue import QueueClient
 
 LOG = log.get(__name__)
 
@@ -52,7 +51,7 @@ def list_regular_files(path: str) -> tuple[list[str], bool]:
     return names, True
 
 
-class Discovery:
+class Discovery(watch.WatcherLoop):
     def __init__(
         self,
         cfg: Config,
@@ -60,23 +59,13 @@ class Discovery:
         client: QueueClient | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.cfg = cfg
+        super().__init__(cfg, "discovery", client=client)
         self.clock = clock
-        self.client = client or QueueClient(cfg.queue_socket)
-        self.inotify = watch.Inotify()
         self.device_dir = watch.DirWatch(self.inotify, cfg.device_dir, DEVICE_EVENTS)
-        self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
-        self.mounts = watch.MountWatch()
-        self.mounts.drain()
-        self.epoch = time.time_ns()
-        self.seq = 0
-        self.stats = StatsReporter(self.client, "discovery", self.epoch)
         self.current: devices.DeviceSet | None = None
         self.present: bool | None = None
         self.warned: set[str] = set()
         self.next_rescan = 0.0
-        self.stopping = False
-        self.waker: watch.SignalWaker | None = None
 
     def rescan(self, reason: str) -> None:
         """`reason` is one of start, inotify, overflow, periodic, directory (a metrics label)."""
@@ -94,9 +83,9 @@ class Discovery:
             return
         previous = self.current or devices.DeviceSet()
         self.current, self.present = result.devices, present
-        self.seq += 1
+        seq = self.next_seq()
         # Send first, log after: the log line is not on the path to the kubelet.
-        self.client.publish(messages.DeviceSnapshot(self.epoch, self.seq, result.devices, present))
+        self.client.publish(messages.DeviceSnapshot(self.epoch, seq, result.devices, present))
         change = devices.diff(previous, result.devices)
         LOG.info(
             "device set changed",
@@ -105,52 +94,33 @@ class Discovery:
             added=len(change.added),
             removed=len(change.removed),
             dir_present=present,
-            seq=self.seq,
+            seq=seq,
         )
         if change and len(change.added) + len(change.removed) <= 20:
             LOG.debug("device changes", added=",".join(change.added), removed=",".join(change.removed))
 
     def step(self, timeout: float) -> None:
         """One turn of the loop: wait for events, then rescan if anything may have changed."""
-        waker_fd = self.waker.fileno() if self.waker else None
-        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
-        readable = watch.poll(fds, timeout, priority=[self.mounts.fileno()])
-        if waker_fd in readable and self.waker:
-            self.waker.drain()
-        if self.stopping:
+        events = self.wait(timeout)
+        if events is None:
             return
         reason = None
-        if self.mounts.fileno() in readable:
-            self.mounts.drain()  # something was mounted or unmounted: ensure() below re-checks identity
-        if self.inotify.fileno() in readable:
-            for event in self.inotify.read():
-                self.device_dir.note(event)
-                self.run_dir.note(event)
-                if event.overflow:
-                    reason = "overflow"
-                elif self.device_dir.concerns(event):
-                    reason = reason or "inotify"
-                if event.wd == self.run_dir.wd and event.name == os.path.basename(self.cfg.queue_socket):
-                    self.client.reconnect_now()
-        if self.client.fileno() in readable:
-            self.client.check_alive()
-        self.run_dir.ensure()
+        for event in events:
+            self.device_dir.note(event)
+            if event.overflow:
+                reason = "overflow"
+            elif self.device_dir.concerns(event):
+                reason = reason or "inotify"
         if self.device_dir.ensure():
             reason = reason or "directory"
         if reason is None and self.clock() >= self.next_rescan:
             reason = "periodic"
         if reason:
             self.rescan(reason)
-        self.seq = self.stats.report(self.clock(), self.seq + 1) - 1
-        self.client.flush()
+        self.finish(self.clock())
 
     def timeout(self) -> float:
-        now = self.clock()
-        due = [self.next_rescan]
-        for moment in (self.client.next_retry(), self.stats.due()):
-            if moment is not None:
-                due.append(moment)
-        return max(0.0, min(due) - now)
+        return max(0.0, min([self.next_rescan, *self.due()]) - self.clock())
 
     def run(self) -> int:
         self.run_dir.ensure()
@@ -158,23 +128,11 @@ class Discovery:
         self.rescan("start")
         while not self.stopping:
             self.step(self.timeout())
-        self.client.close()
-        self.inotify.close()
+        self.close()
         LOG.info("discovery stopped")
         return 0
 
 
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
-    log.setup("discovery", cfg.log_level)
-    proc.setup_role()
-    role = Discovery(cfg)
-    role.waker = watch.SignalWaker()
-
-    def stop(signum: int, _frame: object) -> None:
-        role.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    LOG.info("discovery starting", device_dir=cfg.device_dir, queue=cfg.queue_socket)
-    return role.run()
+    return watch.run_role("discovery", lambda: Discovery(cfg), cfg, device_dir=cfg.device_dir)

@@ -11,16 +11,15 @@ plugin re-checks the directory itself before acting: this role says "look".
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import time
 
 import pyinotify
 
 from colad import config as config_mod
-from colad import constants, log, messages, proc, watch
+from colad import constants, log, messages, watch
 from colad.config import Config
-from colad.queue import QueueClient, StatsReporter
+from colad.queue import QueueClient
 
 LOG = log.get(__name__)
 
@@ -58,21 +57,11 @@ def plugin_sockets(kubelet_dir: str) -> tuple[str, ...]:
     return tuple(sorted(n for n in names if is_plugin_socket_name(n)))
 
 
-class KubeletWatch:
+class KubeletWatch(watch.WatcherLoop):
     def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
-        self.cfg = cfg
-        self.client = client or QueueClient(cfg.queue_socket)
-        self.inotify = watch.Inotify()
+        super().__init__(cfg, "kubelet-watch", client=client)
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
-        self.run_dir = watch.DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
-        self.mounts = watch.MountWatch()
-        self.mounts.drain()
-        self.epoch = time.time_ns()
-        self.seq = 0
-        self.stats = StatsReporter(self.client, "kubelet-watch", self.epoch)
         self.last: tuple[str, tuple[str, ...]] | None = None
-        self.stopping = False
-        self.waker: watch.SignalWaker | None = None
 
     def relevant(self, event: watch.Event) -> bool:
         if event.overflow or event.mask & watch.SELF_GONE:
@@ -88,7 +77,7 @@ class KubeletWatch:
         if state == self.last:
             return
         previous, self.last = self.last, state
-        self.seq += 1
+        seq = self.next_seq()
         self.stats.count("changes.kubelet_socket" if previous and previous[0] != state[0] else "changes.sockets")
         if previous is None or previous[0] != state[0]:
             LOG.info(
@@ -99,39 +88,25 @@ class KubeletWatch:
             )
         else:
             LOG.info("plugin sockets changed", reason=reason, sockets=",".join(state[1]) or "-")
-        self.client.publish(messages.KubeletState(self.epoch, self.seq, state[0], state[1]))
+        self.client.publish(messages.KubeletState(self.epoch, seq, state[0], state[1]))
 
     def step(self, timeout: float | None) -> None:
-        waker_fd = self.waker.fileno() if self.waker else None
-        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
-        readable = watch.poll(fds, timeout, priority=[self.mounts.fileno()])
-        if waker_fd in readable and self.waker:
-            self.waker.drain()
-        if self.stopping:
+        events = self.wait(timeout)
+        if events is None:
             return
         reason = None
-        if self.mounts.fileno() in readable:
-            self.mounts.drain()  # a mount over the kubelet directory: ensure() below notices
-        if self.inotify.fileno() in readable:
-            for event in self.inotify.read():
-                self.kubelet_dir.note(event)
-                self.run_dir.note(event)
-                if self.relevant(event):
-                    reason = "overflow" if event.overflow else "inotify"
-                if event.wd == self.run_dir.wd and event.name == os.path.basename(self.cfg.queue_socket):
-                    self.client.reconnect_now()
-        if self.client.fileno() in readable:
-            self.client.check_alive()
-        self.run_dir.ensure()
+        for event in events:
+            self.kubelet_dir.note(event)
+            if self.relevant(event):
+                reason = "overflow" if event.overflow else "inotify"
         if self.kubelet_dir.ensure():
             reason = reason or "directory changed"
         if reason:
             self.look(reason)
-        self.seq = self.stats.report(time.monotonic(), self.seq + 1) - 1
-        self.client.flush()
+        self.finish(time.monotonic())
 
     def timeout(self) -> float | None:
-        due = [m for m in (self.client.next_retry(), self.stats.due()) if m is not None]
+        due = self.due()
         return None if not due else max(0.0, min(due) - time.monotonic())
 
     def run(self) -> int:
@@ -140,23 +115,11 @@ class KubeletWatch:
         self.look("start")
         while not self.stopping:
             self.step(self.timeout())
-        self.client.close()
-        self.inotify.close()
+        self.close()
         LOG.info("kubelet watcher stopped")
         return 0
 
 
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
-    log.setup("kubelet-watch", cfg.log_level)
-    proc.setup_role()
-    role = KubeletWatch(cfg)
-    role.waker = watch.SignalWaker()
-
-    def stop(signum: int, _frame: object) -> None:
-        role.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    LOG.info("kubelet watcher starting", kubelet_dir=cfg.kubelet_dir, queue=cfg.queue_socket)
-    return role.run()
+    return watch.run_role("kubelet-watch", lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)

@@ -1,4 +1,4 @@
-"""Thin inotify shell shared by discovery and the kubelet watcher.
+"""Thin inotify shell shared by discovery and the kubelet watcher, and their common loop.
 
 `Inotify` wraps a pyinotify WatchManager and a plain Notifier that our own poll
 loop drives (never AsyncNotifier: asyncore is gone from Python 3.12).
@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import select
 import signal
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyinotify
 
-from colad import log
+from colad import log, proc
+from colad.config import Config
+from colad.queue import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
 
@@ -193,3 +196,80 @@ class MountWatch:
         if self.handle is not None:
             self.handle.seek(0)  # type: ignore[attr-defined]
             self.handle.read()  # type: ignore[attr-defined]
+
+
+class WatcherLoop:
+    """What discovery and kubelet-watch share: one poll over inotify, the queue link, signals
+    and the mount table; the run-directory watch that reconnects as soon as queue.sock
+    reappears; the epoch and sequence of the role's messages; stats and flushing.
+
+    A role calls `wait()` for this turn's inotify events (None when stopping), handles
+    its own, then `finish()`. `run_role()` is the common main().
+    """
+
+    def __init__(self, cfg: Config, role: str, *, client: QueueClient | None = None) -> None:
+        self.cfg = cfg
+        self.role = role
+        self.client = client or QueueClient(cfg.queue_socket)
+        self.inotify = Inotify()
+        self.run_dir = DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
+        self.mounts = MountWatch()
+        self.mounts.drain()
+        self.epoch = time.time_ns()
+        self.seq = 0
+        self.stats = StatsReporter(self.client, role, self.epoch)
+        self.stopping = False
+        self.waker: SignalWaker | None = None
+
+    def wait(self, timeout: float | None) -> list[Event] | None:
+        waker_fd = self.waker.fileno() if self.waker else None
+        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
+        readable = poll(fds, timeout, priority=[self.mounts.fileno()])
+        if waker_fd in readable and self.waker:
+            self.waker.drain()
+        if self.stopping:
+            return None
+        if self.mounts.fileno() in readable:
+            self.mounts.drain()  # something was (un)mounted: the role's ensure() re-checks identities
+        events = self.inotify.read() if self.inotify.fileno() in readable else []
+        queue_name = os.path.basename(self.cfg.queue_socket)
+        for event in events:
+            self.run_dir.note(event)
+            if event.wd == self.run_dir.wd and event.name == queue_name:
+                self.client.reconnect_now()
+        if self.client.fileno() in readable:
+            self.client.check_alive()
+        self.run_dir.ensure()
+        return events
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def finish(self, now: float) -> None:
+        """End of a turn: report counters if due, send whatever the plugin has not had yet."""
+        self.seq = self.stats.report(now, self.seq + 1) - 1
+        self.client.flush()
+
+    def due(self) -> list[float]:
+        return [m for m in (self.client.next_retry(), self.stats.due()) if m is not None]
+
+    def close(self) -> None:
+        self.client.close()
+        self.inotify.close()
+
+
+def run_role(name: str, build: Callable[[], WatcherLoop], cfg: Config, **fields: object) -> int:
+    """main() of a watcher role: logging, root-only umask, die with supervisord, signals, run."""
+    log.setup(name, cfg.log_level)
+    proc.setup_role()
+    role = build()
+    role.waker = SignalWaker()
+
+    def stop(signum: int, _frame: object) -> None:
+        role.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    LOG.info(f"{name} starting", queue=cfg.queue_socket, **fields)
+    return int(role.run())  # type: ignore[attr-defined]
