@@ -24,6 +24,7 @@ from typing import Any
 from colad import config as config_mod
 from colad import constants, log, messages, proc
 from colad.config import Config
+from colad.devices import DeviceSet
 from colad.errors import InstanceError
 from colad.kubelet_watch import plugin_sockets as _colad_sockets
 from colad.kubelet_watch import socket_identity
@@ -40,6 +41,7 @@ SAFETY_CHECK_INTERVAL = 5.0  # stat our socket and kubelet.sock even if the watc
 STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
 STREAM_EXPECTED_WITHIN = 10.0
 CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let supervisord restart us
+DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
 
 
 class State(enum.Enum):
@@ -94,6 +96,8 @@ class Plugin:
         self.since = wall()
         self.errors: list[float] = []
         self.started = clock()
+        self.draining = False
+        self.drained = threading.Event()
 
     # Called from other threads: only post events (and bump counters).
     def _on_message(self, message: messages.Message, peer: Peer) -> None:
@@ -126,8 +130,13 @@ class Plugin:
         return StreamEvents(
             opened=lambda g: self.events.put(_Event("stream", +1, g)),
             closed=lambda g: self.events.put(_Event("stream", -1, g)),
-            sent=lambda g, n: LOG.debug("ListAndWatch sent", generation=g, devices=n),
+            sent=self._on_sent,
         )
+
+    def _on_sent(self, generation: int, devices: int) -> None:
+        LOG.debug("ListAndWatch sent", generation=generation, devices=devices)
+        if devices == 0 and self.draining:
+            self.drained.set()
 
     def stop(self) -> None:
         self.events.put(_Event("stop"))
@@ -424,10 +433,26 @@ class Plugin:
         self.errors = [t for t in self.errors if now - t < window] + [now]
         return len(self.errors) > count
 
+    def withdraw_devices(self) -> None:
+        """Tell the kubelet the devices are gone (an empty list) before the stream ends.
+
+        Otherwise a stopped plugin leaves its devices advertised (as unhealthy) for the
+        kubelet's 5-minute grace period. Bounded: shutdown never waits more than a second.
+        """
+        if self.state is not State.REGISTERED or self.live_streams() == 0:
+            return
+        self.draining = True
+        self.broadcast.update(DeviceSet())
+        if self.drained.wait(DRAIN_TIMEOUT):
+            LOG.info("told the kubelet the devices are gone", resource=self.cfg.resource_name)
+        else:
+            LOG.warning("empty device list not confirmed sent", waited=f"{DRAIN_TIMEOUT}s")
+
     def shutdown(self) -> None:
         if self.call is not None:
             self.call.cancel()
             self.call.close()
+        self.withdraw_devices()
         self._stop_server()
         if self.queue is not None:
             self.queue.stop()

@@ -223,3 +223,16 @@ def test_second_instance_refuses_to_start(colad: ColadService, kubelet: FakeKube
     assert second.returncode == 1
     assert "already running" in second.stderr
     assert colad.states()["plugin"][0] == "RUNNING"
+
+
+def test_stop_tells_the_kubelet_the_devices_are_gone(short_tmp: Path, kubelet: FakeKubelet) -> None:
+    service = ColadService(short_tmp)
+    service.add("cocacola", "peisicola")
+    service.start()
+    reg = kubelet.wait_registered()
+    kubelet.wait_devices({"cocacola", "peisicola"})
+    assert service.stop() == 0
+    last = [u for u in kubelet.updates if u.endpoint == reg.endpoint][-1]
+    assert last.devices == {}, "the last list before the stream ended is empty"
+    assert kubelet.devices() == {}
+    assert service.log_lines("told the kubelet the devices are gone")
