@@ -158,11 +158,22 @@ class DirWatch:
 
 
 class SignalWaker:
-    """Makes a blocking poll() return when a signal arrives (PEP 475 would resume it)."""
+    """Makes a blocking poll() return when a signal arrives (PEP 475 would resume it), or on wake().
 
-    def __init__(self) -> None:
+    `signals=False` gives the bare pipe, for a loop run outside the main thread (tests).
+    """
+
+    def __init__(self, *, signals: bool = True) -> None:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        if signals:
+            signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+
+    def wake(self) -> None:
+        os.write(self.write_fd, b"x")
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
 
     def fileno(self) -> int:
         return self.read_fd

@@ -8,7 +8,6 @@ Fixtures that build these live in conftest.py beside this module.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from colad.discovery import Discovery
 from colad.kubelet_watch import KubeletWatch
 from colad.messages import Message
 from colad.queue import Peer, QueueServer
+from colad.watch import SignalWaker
 
 M = TypeVar("M")
 Role = Discovery | KubeletWatch
@@ -91,28 +91,9 @@ class Inbox:
 Serve = Callable[..., tuple[QueueServer, "Inbox"]]  # the `serve` fixture: serve(path, **kwargs)
 
 
-class PipeWaker:
-    """Stands in for watch.SignalWaker (which needs the main thread): wake() ends a blocking step."""
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def fileno(self) -> int:
-        return self.read_fd
-
-    def drain(self) -> None:
-        try:
-            while os.read(self.read_fd, 512):
-                pass
-        except BlockingIOError:
-            pass
-
-    def wake(self) -> None:
-        os.write(self.write_fd, b"x")
-
-    def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self.write_fd)
+def PipeWaker() -> SignalWaker:  # noqa: N802 - reads as the class it stands in for
+    """watch.SignalWaker without the signal hook (which needs the main thread): wake() ends a blocking step."""
+    return SignalWaker(signals=False)
 
 
 def begin(role: Role) -> None:
