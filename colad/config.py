@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from colad import constants
@@ -28,11 +28,34 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
+REPLICA_POLICIES = ("spread", "pack")
+MAX_REPLICAS = 1000
+MAX_RESOURCES = 32
+# Keys a reload cannot change in a running daemon (sockets, listeners, the
+# supervisord config): a changed value is logged and takes effect at restart.
+RESTART_ONLY = ("kubelet_dir", "run_dir", "metrics_address", "metrics_per_device", "supervisord_template")
+# The keys of the single resource described by top-level keys; a [[resources]] list replaces them.
+SINGLE_RESOURCE_KEYS = ("resource_name", "device_dir", "replicas", "replica_policy")
+
+
+@dataclass(frozen=True, order=True)
+class Resource:
+    """One extended resource: its name, its device directory, and how its devices are shared."""
+
+    name: str
+    device_dir: str
+    # Each device is advertised `replicas` times as <id>::<n> (1 = not shared).
+    replicas: int = 1
+    # How GetPreferredAllocation places replicas: "spread" over devices, or "pack" onto few.
+    replica_policy: str = "spread"
+
 
 @dataclass(frozen=True)
 class Config:
     resource_name: str = "myway5.com/cola"
     device_dir: str = "/etc/colas"
+    replicas: int = 1
+    replica_policy: str = "spread"
     kubelet_dir: str = constants.DEVICE_PLUGIN_PATH
     run_dir: str = "/run/colad"
     # host:port of /metrics and /healthz; "" turns the endpoint off.
@@ -46,8 +69,23 @@ class Config:
     register_timeout: float = 15.0
     # supervisord config template; empty = the one shipped with colad.
     supervisord_template: str = ""
+    # The kubelet's PodResources socket, for the in-use view ("" turns it off).
+    pod_resources_socket: str = constants.POD_RESOURCES_SOCKET
+    # Seconds between PodResources List calls.
+    pod_resources_interval: float = 10.0
     # Path of the file this config was read from ("" = none), for `colad supervise`.
     config_file: str = ""
+    # The file's [[resources]] tables; empty = the one resource of the top-level keys.
+    resource_tables: tuple[Resource, ...] = ()
+    # Keys set by the environment or a flag: they win over the file, also on reload.
+    pinned: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        """Every resource this daemon advertises, in config order."""
+        if self.resource_tables:
+            return self.resource_tables
+        return (Resource(self.resource_name, self.device_dir, self.replicas, self.replica_policy),)
 
     @property
     def kubelet_socket(self) -> str:
@@ -65,9 +103,16 @@ class Config:
     def plugin_state_file(self) -> str:
         return os.path.join(self.run_dir, constants.PLUGIN_STATE_NAME)
 
-    def environment(self) -> dict[str, str]:
-        """This config as COLAD_* variables: a child that loads them gets the same Config."""
-        env = {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in _settable_fields()}
+    def environment(self, *, pinned_only: bool = False) -> dict[str, str]:
+        """This config as COLAD_* variables: a child that loads them gets the same Config.
+
+        With `pinned_only`, only the keys set by the environment or flags are
+        exported, so a child that re-reads the file on reload sees its changes.
+        """
+        names = [f.name for f in _settable_fields() if not pinned_only or f.name in self.pinned]
+        if self.resource_tables:  # the file's list stands for these; exporting them would be a conflict
+            names = [n for n in names if n not in SINGLE_RESOURCE_KEYS]
+        env = {ENV_PREFIX + name.upper(): str(getattr(self, name)) for name in names}
         if self.config_file:
             env["COLAD_CONFIG"] = self.config_file
         return env
@@ -77,7 +122,7 @@ ENV_PREFIX = "COLAD_"
 
 
 def _settable_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name != "config_file"]
+    return [f for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -120,6 +165,14 @@ def _positive_problem(value: float) -> str | None:
     return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
 
 
+def _replicas_problem(value: int) -> str | None:
+    return None if 1 <= value <= MAX_REPLICAS else f"must be a whole number from 1 to {MAX_REPLICAS}"
+
+
+def _policy_problem(value: str) -> str | None:
+    return None if value in REPLICA_POLICIES else "must be one of " + ", ".join(REPLICA_POLICIES)
+
+
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resource_name": resource_name_problem,
     "device_dir": _path_problem,
@@ -130,6 +183,10 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "rescan_interval": _positive_problem,
     "register_timeout": _positive_problem,
     "supervisord_template": lambda v: None if v == "" else _path_problem(v),
+    "replicas": _replicas_problem,
+    "replica_policy": _policy_problem,
+    "pod_resources_socket": lambda v: None if v == "" else _path_problem(v),
+    "pod_resources_interval": _positive_problem,
 }
 
 
@@ -153,6 +210,10 @@ def _convert(field: dataclasses.Field[Any], raw: object) -> object:
         if isinstance(raw, bool):
             raise ValueError("must be a number")
         return float(raw)  # type: ignore[arg-type]
+    if kind is int:
+        if isinstance(raw, bool) or isinstance(raw, float):
+            raise ValueError("must be a whole number")
+        return int(str(raw).strip()) if isinstance(raw, str) else int(raw)  # type: ignore[call-overload]
     if not isinstance(raw, str):
         raise ValueError("must be a string")
     return raw
@@ -181,7 +242,11 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         path = ""
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         problems.append(f"config file {path}: {exc}")
+    tables: tuple[Resource, ...] = ()
     for key, raw in file_data.items():
+        if key == "resources":
+            tables = _resource_tables(raw, f"file {path}", problems)
+            continue
         if key not in fields:
             problems.append(f"{key} (file {path}): unknown key")
             continue
@@ -197,6 +262,10 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     for name, raw in flags.items():
         if raw is not None and name in fields:
             values[name], sources[name] = raw, "flag --" + name.replace("_", "-")
+    if tables:
+        for name in SINGLE_RESOURCE_KEYS:
+            if name in sources:
+                problems.append(f"{name} ({sources[name]}): cannot be used with a [[resources]] list; set it there")
 
     final: dict[str, object] = {}
     for name, raw in values.items():
@@ -214,4 +283,62 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         raise ConfigError("invalid configuration: " + "; ".join(problems))
     if "log_level" in final:
         final["log_level"] = str(final["log_level"]).upper()
-    return Config(config_file=path, **final)  # type: ignore[arg-type]
+    pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
+    return Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
+
+
+_RESOURCE_KEYS = ("name", "device_dir", "replicas", "replica_policy")
+
+
+def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[Resource, ...]:
+    """Validate the file's [[resources]] list; every problem is appended, never raised."""
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
+        problems.append(f"resources ({source}): must be a non-empty list of [[resources]] tables")
+        return ()
+    if len(raw) > MAX_RESOURCES:
+        problems.append(f"resources ({source}): at most {MAX_RESOURCES} resources")
+        return ()
+    result: list[Resource] = []
+    for index, table in enumerate(raw):
+        where = f"resources[{index}]"
+        before = len(problems)
+        for key in sorted(set(table) - set(_RESOURCE_KEYS)):
+            problems.append(f"{where}.{key} ({source}): unknown key")
+        for key in ("name", "device_dir"):
+            if key not in table:
+                problems.append(f"{where}.{key} ({source}): required")
+        name, device_dir = table.get("name"), table.get("device_dir")
+        replicas, policy = table.get("replicas", 1), table.get("replica_policy", "spread")
+        checks: tuple[tuple[str, object, type, Callable[[Any], str | None]], ...] = (
+            ("name", name, str, resource_name_problem),
+            ("device_dir", device_dir, str, _path_problem),
+            ("replicas", replicas, int, _replicas_problem),
+            ("replica_policy", policy, str, _policy_problem),
+        )
+        for key, value, kind, check in checks:
+            if key not in table and key in ("name", "device_dir"):
+                continue
+            if not isinstance(value, kind) or isinstance(value, bool):
+                problems.append(f"{where}.{key} ({source}): must be a {'whole number' if kind is int else 'string'}")
+            elif (problem := check(value)) is not None:
+                problems.append(f"{where}.{key} ({source}): {value!r} {problem}")
+        if len(problems) == before:
+            result.append(Resource(str(name), str(device_dir), int(replicas), str(policy)))
+    for key in ("name", "device_dir"):
+        seen: set[str] = set()
+        for resource in result:
+            value = getattr(resource, key)
+            if value in seen:
+                problems.append(f"resources ({source}): {key} {value!r} is used by more than one resource")
+            seen.add(value)
+    return tuple(result)
+
+
+def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
+    """What a reload applies: `new`, except the restart-only keys, which keep their running values.
+
+    Returns the config to apply and the restart-only keys whose new value waits for a restart.
+    """
+    deferred = tuple(k for k in RESTART_ONLY if getattr(running, k) != getattr(new, k))
+    kept = {k: getattr(running, k) for k in deferred}
+    return dataclasses.replace(new, **kept), deferred

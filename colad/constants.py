@@ -37,3 +37,6 @@ SUPERVISOR_CONF_NAME: Final = "supervisord.conf"
 # every state-file rename there would wake them on the path of a device change.
 PLUGIN_STATE_NAME: Final = "state/plugin.json"
 COLA_DEVICES_ENV: Final = "COLA_DEVICES"
+
+# kubernetes/kubelet pkg/apis/podresources: the kubelet's PodResources socket (pod-resources/kubelet.sock).
+POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -3,7 +3,7 @@
 Reads: the Config and the supervisord template (conf/supervisord.conf).
 Writes: <run_dir>/supervisord.conf, then replaces itself with supervisord, so
 systemd (or the terminal) sees supervisord as the main process. Children
-get the resolved configuration as COLAD_* variables. This is what the systemd
+get the config file's path and the keys set by flags as COLAD_* variables. This is what the systemd
 unit runs.
 """
 
@@ -114,7 +114,9 @@ def main(args: object = None, cfg: Config | None = None) -> int:
         print(f"colad: cannot write {conf_path}: {exc}", file=sys.stderr)
         return 1
     env = dict(os.environ)
-    env.update(cfg.environment())
+    # Only what the environment and flags set: the children read the file themselves,
+    # so a reload (re-reading it) sees its changes; flags and variables still win.
+    env.update(cfg.environment(pinned_only=True))
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", conf_path]
     LOG.info("starting supervisord", config=conf_path, run_dir=cfg.run_dir)

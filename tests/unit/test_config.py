@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from colad.errors import ColadError, ConfigError
 
 pytestmark = pytest.mark.unit
 
-SETTABLE = [f.name for f in dataclasses.fields(Config) if f.name != "config_file"]
+SETTABLE = [f.name for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
 
 
 @pytest.fixture
@@ -128,6 +129,10 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     "register_timeout": (11, "12", "13.5", (11.0, 12.0, 13.5)),
     "supervisord_template": ("/file/tpl", "/env/tpl", "/flag/tpl", ("/file/tpl", "/env/tpl", "/flag/tpl")),
     "metrics_per_device": (False, "yes", "off", (False, True, False)),
+    "replicas": (2, "3", "4", (2, 3, 4)),
+    "replica_policy": ("pack", "spread", "pack", ("pack", "spread", "pack")),
+    "pod_resources_socket": ("/file/pr.sock", "", "/flag/pr.sock", ("/file/pr.sock", "", "/flag/pr.sock")),
+    "pod_resources_interval": (1, "2", 3.5, (1.0, 2.0, 3.5)),
 }
 
 
@@ -541,3 +546,111 @@ def test_seconds_must_be_finite_and_sane(value: str, no_default_file: Path) -> N
 
 def test_empty_metrics_address_turns_the_endpoint_off(no_default_file: Path) -> None:
     assert load(env={"COLAD_METRICS_ADDRESS": ""}).metrics_address == ""
+
+
+# --- several resources, pinned keys, reload ---------------------------------------------------
+
+RESOURCES = """
+[[resources]]
+name = "example.com/cola"
+device_dir = "/srv/colas"
+
+[[resources]]
+name = "example.com/pepsi"
+device_dir = "/srv/pepsis"
+replicas = 4
+replica_policy = "pack"
+"""
+
+
+def test_without_a_list_the_top_level_keys_are_the_one_resource() -> None:
+    cfg = Config(resource_name="example.com/a", device_dir="/a", replicas=3, replica_policy="pack")
+    assert cfg.resources == (config.Resource("example.com/a", "/a", 3, "pack"),)
+
+
+def test_resources_list_from_the_file(tmp_path: Path) -> None:
+    cfg = load({"config": str(write_toml(tmp_path / "c.toml", {}, RESOURCES))}, {})
+    assert cfg.resources == (
+        config.Resource("example.com/cola", "/srv/colas"),
+        config.Resource("example.com/pepsi", "/srv/pepsis", 4, "pack"),
+    )
+    assert load(None, cfg.environment()) == cfg
+
+
+@pytest.mark.parametrize(
+    "tables, expected",
+    [
+        pytest.param('resources = "x"', "must be a non-empty list", id="not-a-list"),
+        pytest.param("resources = []", "must be a non-empty list", id="empty"),
+        pytest.param('[[resources]]\nname = "example.com/a"', "resources[0].device_dir", id="no-dir"),
+        pytest.param('[[resources]]\ndevice_dir = "/a"', "resources[0].name", id="no-name"),
+        pytest.param('[[resources]]\nname = "cola"\ndevice_dir = "/a"', "domain prefix", id="bad-name"),
+        pytest.param('[[resources]]\nname = "example.com/a"\ndevice_dir = "a"', "absolute", id="relative-dir"),
+        pytest.param(
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\nreplicas = 0', "from 1 to", id="zero-replicas"
+        ),
+        pytest.param(
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\nreplicas = true', "whole number", id="bool"
+        ),
+        pytest.param(
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\nreplica_policy = "x"',
+            "spread, pack",
+            id="policy",
+        ),
+        pytest.param('[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\ncolour = 1', "unknown key", id="key"),
+        pytest.param(
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\n'
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/b"',
+            "used by more than one",
+            id="duplicate-name",
+        ),
+        pytest.param(
+            '[[resources]]\nname = "example.com/a"\ndevice_dir = "/a"\n'
+            '[[resources]]\nname = "example.com/b"\ndevice_dir = "/a"',
+            "used by more than one",
+            id="duplicate-dir",
+        ),
+    ],
+)
+def test_bad_resource_tables_are_refused(tmp_path: Path, tables: str, expected: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(tables + "\n")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load({"config": str(path)}, {})
+
+
+@pytest.mark.parametrize("key", ["resource_name", "device_dir", "replicas", "replica_policy"])
+def test_a_list_and_the_single_resource_keys_do_not_mix(tmp_path: Path, key: str) -> None:
+    value = {"resource_name": "example.com/x", "device_dir": "/x", "replicas": 2, "replica_policy": "pack"}[key]
+    path = write_toml(tmp_path / "c.toml", {key: value}, RESOURCES)
+    with pytest.raises(ConfigError, match="cannot be used with a"):
+        load({"config": str(path)}, {})
+
+
+def test_pinned_keys_are_those_from_environment_and_flags(tmp_path: Path) -> None:
+    path = write_toml(tmp_path / "c.toml", {"log_level": "debug", "rescan_interval": 2})
+    cfg = load({"config": str(path), "run_dir": "/flag"}, {"COLAD_RESCAN_INTERVAL": "3"})
+    assert cfg.pinned == ("rescan_interval", "run_dir")
+    assert cfg.environment(pinned_only=True) == {
+        "COLAD_RESCAN_INTERVAL": "3.0",
+        "COLAD_RUN_DIR": "/flag",
+        "COLAD_CONFIG": str(path),
+    }
+
+
+def test_a_child_given_only_pinned_keys_sees_later_file_changes(tmp_path: Path) -> None:
+    path = write_toml(tmp_path / "c.toml", {"log_level": "debug"})
+    env = load({"config": str(path), "run_dir": "/flag"}, {}).environment(pinned_only=True)
+    write_toml(path, {"log_level": "error", "run_dir": "/file"})
+    child = load(None, env)
+    assert (child.log_level, child.run_dir) == ("ERROR", "/flag")
+
+
+def test_reload_plan_defers_restart_only_keys() -> None:
+    running = Config(run_dir="/r", log_level="INFO")
+    new = Config(run_dir="/other", metrics_address="", log_level="DEBUG", replicas=2)
+    applied, deferred = config.reload_plan(running, new)
+    assert deferred == ("run_dir", "metrics_address")
+    assert (applied.run_dir, applied.metrics_address) == ("/r", running.metrics_address)
+    assert (applied.log_level, applied.replicas) == ("DEBUG", 2)
+    assert config.reload_plan(running, running) == (running, ())
