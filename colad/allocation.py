@@ -1,34 +1,56 @@
 """Pure allocation rules: what Allocate answers and which devices GetPreferredAllocation picks.
 
-Input is the current DeviceSet and the IDs the kubelet sent; output is plain
-values or an AllocationError naming the offending device. No gRPC types here.
+Input is the advertised DeviceSet (replica IDs "<id>::<n>" included) and the IDs
+the kubelet sent; output is plain values or an AllocationError naming the
+offending device. No gRPC types here. The rules are documented in docs/DEVICES.md.
 """
 
 from __future__ import annotations
 
+import heapq
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import combinations
 
-from colad.constants import COLA_DEVICES_ENV
-from colad.devices import DeviceSet
+from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
+from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
+
+REPLICA_POLICIES = ("spread", "pack")
+# Up to this many NUMA nodes besides those of must_include, preferred() tries every
+# combination (at most 2**8 = 256); above it, it adds nodes greedily.
+EXACT_NUMA_SEARCH_LIMIT = 8
 
 
 @dataclass(frozen=True)
 class ContainerAllocation:
-    device_ids: tuple[str, ...]
+    device_ids: tuple[str, ...]  # as requested, in request order
     envs: dict[str, str] = field(default_factory=dict)
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
 
 
 def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocation:
     """Validate one container request and say what the container gets.
 
-    Every ID must be known and Healthy, and listed once. COLA_DEVICES keeps the
-    kubelet's order, so the container sees the IDs it was assigned, as assigned.
+    Every ID must be known and Healthy, and listed once (two replicas of one
+    physical device are two IDs: that is sharing). Then, in request order:
+
+    - COLA_DEVICES: the physical IDs (base_id), each once. When any requested ID
+      is a replica, COLA_REPLICAS: the requested IDs as given.
+    - device nodes, mounts, CDI names: concatenated, identical entries once. Two
+      different entries for one container path (node/node, mount/mount or
+      node/mount) raise AllocationError naming both devices and the path.
+    - envs, annotations: the union; a key several devices set gets their distinct
+      values, in order of first appearance, joined with ",".
     """
     if not requested:
         raise AllocationError("container request names no devices")
+    chosen: list[Device] = []
     seen: set[str] = set()
     for device_id in requested:
         if device_id in seen:
@@ -39,8 +61,41 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
             raise AllocationError(f"unknown device {device_id!r}", not_found=True)
         if not device.healthy:
             raise AllocationError(f"device {device_id!r} is {device.health}")
-    ids = tuple(requested)
-    return ContainerAllocation(ids, {COLA_DEVICES_ENV: ",".join(ids)})
+        chosen.append(device)
+
+    claimed: dict[str, tuple[DeviceNode | Mount, str]] = {}  # container path -> (entry, device ID)
+    for device in chosen:
+        device_entries: tuple[DeviceNode | Mount, ...] = (*device.device_nodes, *device.mounts)
+        for entry in device_entries:
+            held = claimed.setdefault(entry.container_path, (entry, device.device_id))
+            if held[0] != entry:
+                raise AllocationError(
+                    f"devices {held[1]!r} and {device.device_id!r} need different entries "
+                    f"for container path {entry.container_path!r}"
+                )
+    entries = [entry for entry, _ in claimed.values()]
+
+    # The parser refuses COLA_* keys in device files; colad's own still win, should one slip in.
+    envs = _merge(d.envs for d in chosen)
+    envs[COLA_DEVICES_ENV] = ",".join(dict.fromkeys(base_id(i) for i in requested))
+    if any(base_id(i) != i for i in requested):
+        envs[COLA_REPLICAS_ENV] = ",".join(requested)
+    return ContainerAllocation(
+        device_ids=tuple(requested),
+        envs=envs,
+        device_nodes=tuple(e for e in entries if isinstance(e, DeviceNode)),
+        mounts=tuple(e for e in entries if isinstance(e, Mount)),
+        annotations=_merge(d.annotations for d in chosen),
+        cdi_devices=tuple(dict.fromkeys(name for d in chosen for name in d.cdi_devices)),
+    )
+
+
+def _merge(tables: Iterable[tuple[tuple[str, str], ...]]) -> dict[str, str]:
+    values: dict[str, dict[str, None]] = {}  # key -> distinct values in order (a dict as an ordered set)
+    for pairs in tables:
+        for key, value in pairs:
+            values.setdefault(key, {})[value] = None
+    return {key: ",".join(vs) for key, vs in values.items()}
 
 
 def _natural_key(device_id: str) -> tuple[object, ...]:
@@ -50,14 +105,30 @@ def _natural_key(device_id: str) -> tuple[object, ...]:
     return (tuple((1, int(p), "") if p.isdigit() and p.isascii() else (0, 0, p) for p in parts), device_id)
 
 
-def preferred(available: Sequence[str], must_include: Sequence[str], size: int) -> tuple[str, ...]:
+def preferred(
+    devices: DeviceSet,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    policy: str = "spread",
+) -> tuple[str, ...]:
     """A deterministic preferred allocation; never raises.
 
     The answer is advisory (the kubelet intersects it with its own candidates and
     fills any gap), and an error here would fail the pod, so odd input gets a
-    best-effort answer: must_include first (those that are available, in the
-    kubelet's order), then the other available IDs in natural order, never more
-    than `size`.
+    best-effort answer: never more than `size` IDs, all from `available`;
+    must_include first (those that are available, in the kubelet's order).
+
+    The rest come from the smallest set of NUMA nodes (always including those of
+    must_include) whose devices cover the need: tried exactly up to
+    EXACT_NUMA_SEARCH_LIMIT other nodes (ties: more usable devices, then lower
+    node IDs), greedily above. A device on several nodes needs all of them; a
+    device without NUMA info (or not in `devices`) fits anywhere but is taken
+    after the aligned ones. Among those, `policy` orders replicas: "spread" takes
+    the physical device with the fewest replicas chosen so far (then the most
+    free), "pack" fills one physical device before the next (the one with the
+    fewest free first); an unknown policy counts as "spread". Natural order
+    ("cola2" before "cola10") breaks the remaining ties.
     """
     available_set = set(available)
     chosen: list[str] = []
@@ -66,9 +137,81 @@ def preferred(available: Sequence[str], must_include: Sequence[str], size: int) 
             chosen.append(device_id)
     if size <= len(chosen):
         return tuple(chosen[: max(size, 0)])
-    taken = set(chosen)
-    for device_id in sorted(available_set - taken, key=_natural_key):
-        if len(chosen) >= size:
-            break
-        chosen.append(device_id)
-    return tuple(chosen)
+    need = size - len(chosen)
+    candidates = sorted(available_set.difference(chosen), key=_natural_key)
+    numa = {device_id: _numa(devices, device_id) for device_id in (*chosen, *candidates)}
+    required = frozenset(node for device_id in chosen for node in numa[device_id])
+    nodes = _choose_nodes(Counter(numa[c] for c in candidates), required, need)
+    aligned = [c for c in candidates if numa[c] and numa[c] <= nodes]
+    unaligned = [c for c in candidates if not numa[c]]
+    return tuple(chosen + _pick((aligned, unaligned), chosen, need, policy))
+
+
+def _numa(devices: DeviceSet, device_id: str) -> frozenset[int]:
+    device = devices.get(device_id)
+    return frozenset(device.numa_nodes) if device is not None else frozenset()
+
+
+def _choose_nodes(groups: Counter[frozenset[int]], required: frozenset[int], need: int) -> frozenset[int]:
+    """The NUMA nodes to take devices from: `groups` counts candidates by their node set."""
+    universe = required.union(*groups)
+
+    def usable(nodes: frozenset[int]) -> int:
+        return sum(count for node_set, count in groups.items() if node_set <= nodes)
+
+    if usable(universe) <= need:
+        return universe
+    optional = sorted(universe - required)
+    # Devices without NUMA info fit the empty combination too, but aligned devices come first:
+    # with no must_include node to start from, take at least one node when there is one.
+    fewest = 0 if required or not optional else 1
+    if len(optional) <= EXACT_NUMA_SEARCH_LIMIT:
+        for k in range(fewest, len(optional) + 1):
+            best: tuple[tuple[int, tuple[int, ...]], frozenset[int]] | None = None
+            for extra in combinations(optional, k):
+                nodes = required.union(extra)
+                count = usable(nodes)
+                if count >= need:
+                    key = (-count, tuple(sorted(nodes)))
+                    if best is None or key < best[0]:
+                        best = (key, nodes)
+            if best is not None:
+                return best[1]
+        return universe  # not reached: all of universe is usable and covers the need
+    on_node: Counter[int] = Counter()
+    for node_set, count in groups.items():
+        for node in node_set:
+            on_node[node] += count
+    nodes = required
+    while usable(nodes) < need or len(nodes) < fewest:
+        # The node that makes the most devices usable, then the one with most devices, then the lowest.
+        nodes = nodes | {max(universe - nodes, key=lambda n: (usable(nodes | {n}), on_node[n], -n))}
+    return nodes
+
+
+def _pick(tiers: Sequence[Sequence[str]], chosen: Sequence[str], need: int, policy: str) -> list[str]:
+    """Up to `need` IDs from `tiers` (each in natural order), one tier after the other, by replica policy."""
+    taken = Counter(base_id(i) for i in chosen)  # replicas chosen so far, per physical device
+    picks: list[str] = []
+    for tier in tiers:
+        free: dict[str, list[str]] = {}  # physical ID -> its free replicas, last one first
+        for device_id in reversed(tier):
+            free.setdefault(base_id(device_id), []).append(device_id)
+        heap = [(_policy_key(policy, taken[p], len(replicas), p), p) for p, replicas in free.items()]
+        heapq.heapify(heap)
+        while heap and len(picks) < need:
+            # Only the popped device's key changes, so the heap never holds a stale entry.
+            _, physical = heapq.heappop(heap)
+            picks.append(free[physical].pop())
+            taken[physical] += 1
+            if free[physical]:
+                heapq.heappush(heap, (_policy_key(policy, taken[physical], len(free[physical]), physical), physical))
+    return picks
+
+
+def _policy_key(policy: str, taken: int, free: int, physical: str) -> tuple[object, ...]:
+    if policy == "pack":
+        # A device already in use first, then the one with the fewest free replicas: whole devices stay free.
+        return (taken == 0, free, _natural_key(physical))
+    # spread: the device with the fewest replicas chosen, then the most free ones.
+    return (taken, -free, _natural_key(physical))

@@ -40,3 +40,16 @@ COLA_DEVICES_ENV: Final = "COLA_DEVICES"
 
 # kubernetes/kubelet pkg/apis/podresources: the kubelet's PodResources socket (pod-resources/kubelet.sock).
 POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+# Device files and the richer device model (docs/DEVICES.md). The limits keep one device file
+# from blowing up a snapshot on the queue or an Allocate answer.
+MAX_DEVICE_FILE_BYTES: Final = 64 * 1024  # the reader reads at most this + 1 bytes
+MAX_DEVICE_LIST_ENTRIES: Final = 64  # numa_nodes, device_nodes, mounts, cdi_devices (each)
+MAX_DEVICE_MAP_ENTRIES: Final = 128  # envs, annotations (each)
+MAX_DEVICE_STRING_BYTES: Final = 4096  # any one string (path, env value, annotation, ...), UTF-8 bytes
+MAX_NUMA_NODE: Final = 1023  # NUMA node IDs are 0..1023 (Linux MAX_NUMNODES with NODES_SHIFT=10)
+COLA_REPLICAS_ENV: Final = "COLA_REPLICAS"
+# colad owns every container env name starting with COLA_ (it sets COLA_DEVICES and COLA_REPLICAS
+# and may add more), so a device file may not set any of them.
+RESERVED_ENV_PREFIX: Final = "COLA_"
+RESERVED_ENVS: Final = (COLA_DEVICES_ENV, COLA_REPLICAS_ENV)

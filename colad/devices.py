@@ -1,16 +1,29 @@
-"""The pure device core: device IDs, immutable device sets, scan results and diffs.
+"""The pure device core: device IDs, the device model, device sets, scan results and diffs.
 
-Discovery hands in the names it listed; this module decides which are devices
-and returns values. No I/O, no logging, no clock: the shells do that.
+Discovery hands in the names it listed (and devicefile.py the parsed files);
+this module decides which are devices, what a valid device is, and how one
+crosses the local queue (device_to_wire / device_from_wire, called only by
+messages.py). No I/O, no logging, no clock: the shells do that.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.constants import (
+    HEALTHY,
+    MAX_DEVICE_ID_LENGTH,
+    MAX_DEVICE_LIST_ENTRIES,
+    MAX_DEVICE_MAP_ENTRIES,
+    MAX_DEVICE_STRING_BYTES,
+    MAX_NUMA_NODE,
+    RESERVED_ENV_PREFIX,
+    UNHEALTHY,
+)
 
 # A device ID must be safe for the kubelet (valid UTF-8, at most 63 characters,
 # stable) and for the value of COLA_DEVICES, a comma-separated env list. So:
@@ -20,6 +33,26 @@ from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
 # with spaces, commas, '=' or control characters, and non-UTF-8 names.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 HEALTH_VALUES = (HEALTHY, UNHEALTHY)
+
+# Replica IDs are "<id>::<n>". ':' is never allowed in a file name ID, so a
+# replica ID cannot clash with a device file, and it is a pure function of the
+# file name and n, so it is stable across restarts (the kubelet's checkpoint
+# still matches).
+REPLICA_SEPARATOR = "::"
+
+# Permissions of a device node (cgroup device rules), in canonical order.
+PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# k8s.io/apimachinery pkg/util/validation/validation.go: IsQualifiedName, IsDNS1123Subdomain.
+_QUALIFIED_NAME_PART = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
+# CDI names "vendor/class=name" (container-device-interface pkg/parser): vendor and class start
+# with a letter and end with a letter or digit; the name starts and ends with a letter or digit.
+# The class takes no '.', the rule of the older CDI releases, so every runtime accepts it.
+_CDI_NAME = re.compile(
+    r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?/[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?"
+    r"=[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z"
+)
 
 
 def id_problem(name: str) -> str | None:
@@ -36,13 +69,203 @@ def id_problem(name: str) -> str | None:
 
 
 @dataclass(frozen=True, order=True)
+class DeviceNode:
+    """A host device node exposed to the container (v1beta1 DeviceSpec)."""
+
+    host_path: str
+    container_path: str
+    permissions: str = "rw"  # one of PERMISSIONS
+
+
+@dataclass(frozen=True, order=True)
+class Mount:
+    """A host path mounted into the container (v1beta1 Mount)."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, order=True)
 class Device:
+    """One advertised device and what a container that gets it receives.
+
+    `problem` says why a device file is malformed (the device is then Unhealthy
+    and every other field is empty); it is "" for a well-formed file, also for
+    one that declares `health = "Unhealthy"`.
+    """
+
     device_id: str
     health: str = HEALTHY
+    numa_nodes: tuple[int, ...] = ()  # sorted, unique, each 0..MAX_NUMA_NODE
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    envs: tuple[tuple[str, str], ...] = ()  # sorted by key
+    annotations: tuple[tuple[str, str], ...] = ()  # sorted by key
+    cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names vendor.com/class=name
+    problem: str = ""
 
     @property
     def healthy(self) -> bool:
         return self.health == HEALTHY
+
+    @property
+    def bare(self) -> bool:
+        """Only an ID and a health: what a device was before device files had content."""
+        return self == Device(self.device_id, self.health)
+
+
+def base_id(device_id: str) -> str:
+    """The physical device ID of a replica ID ("cola1::3" -> "cola1"); other IDs unchanged."""
+    return device_id.split(REPLICA_SEPARATOR, 1)[0]
+
+
+def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
+    """Each device as `replicas` devices "<id>::0" .. "<id>::<replicas-1>" with the same fields.
+
+    replicas <= 1 returns `devices` unchanged.
+    """
+    if replicas <= 1:
+        return devices
+    return DeviceSet.of(
+        replace(d, device_id=f"{d.device_id}{REPLICA_SEPARATOR}{n}") for d in devices for n in range(replicas)
+    )
+
+
+# --- validation ----------------------------------------------------------------------------
+
+
+def _show(value: object, limit: int = 60) -> str:
+    """A short one-line repr for a problem text."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` cannot be a string sent to the kubelet (strict UTF-8, bounded, no NUL)."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if size > MAX_DEVICE_STRING_BYTES:
+        return f"is longer than {MAX_DEVICE_STRING_BYTES} bytes"
+    if "\x00" in value:
+        return "contains a NUL character"
+    return None
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` is not an absolute, normalised path other than "/", or None."""
+    problem = text_problem(path)
+    if problem is not None:
+        return problem
+    if not path.startswith("/"):
+        return f"{_show(path)} is not an absolute path"
+    if ".." in path.split("/"):
+        return f"{_show(path)} has a '..' component"
+    if path == "/":
+        return "'/' is not allowed"
+    if path.startswith("//") or posixpath.normpath(path) != path:
+        return f"{_show(path)} is not normalised (no '.', '//' or trailing '/')"
+    return None
+
+
+def env_name_problem(name: str) -> str | None:
+    if not _ENV_NAME.match(name) or len(name) > MAX_DEVICE_STRING_BYTES:
+        return f"{_show(name)} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    if name.startswith(RESERVED_ENV_PREFIX):
+        return f"{_show(name)} is reserved: colad sets the {RESERVED_ENV_PREFIX}* variables"
+    return None
+
+
+def annotation_key_problem(key: str) -> str | None:
+    """Why `key` is not a Kubernetes qualified name ([dns-subdomain '/'] name), or None."""
+    parts = key.split("/")
+    name = parts[-1]
+    if len(parts) > 2:
+        return f"{_show(key)} has more than one '/'"
+    if len(parts) == 2 and not (0 < len(parts[0]) <= 253 and _DNS1123_SUBDOMAIN.match(parts[0])):
+        return f"{_show(key)}: the prefix must be a lower-case DNS subdomain of at most 253 characters"
+    if not (0 < len(name) <= 63 and _QUALIFIED_NAME_PART.match(name)):
+        return (
+            f"{_show(key)}: the name must be 1-63 characters of A-Z a-z 0-9 - _ ., "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def cdi_name_problem(name: str) -> str | None:
+    """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
+    if len(name) > MAX_DEVICE_STRING_BYTES or not _CDI_NAME.match(name):
+        return f"{_show(name)} is not a fully qualified CDI name vendor.com/class=name"
+    return None
+
+
+def device_problem(device: Device) -> str | None:
+    """Why the fields of `device` (all but the ID) are not valid, or None; the text names the field.
+
+    Assumes the field types are right (the callers check types while building).
+    Also refuses two entries for one container path: such a device could never
+    be allocated.
+    """
+    if device.health not in HEALTH_VALUES:
+        return f"health {_show(device.health)} is not one of {', '.join(HEALTH_VALUES)}"
+    if device.problem:
+        if device != Device(device.device_id, UNHEALTHY, problem=device.problem):
+            return "problem: a malformed device must be Unhealthy and carry nothing else"
+        problem = text_problem(device.problem)
+        return None if problem is None else f"problem {problem}"
+    for key, count, limit in (
+        ("numa_nodes", len(device.numa_nodes), MAX_DEVICE_LIST_ENTRIES),
+        ("device_nodes", len(device.device_nodes), MAX_DEVICE_LIST_ENTRIES),
+        ("mounts", len(device.mounts), MAX_DEVICE_LIST_ENTRIES),
+        ("cdi_devices", len(device.cdi_devices), MAX_DEVICE_LIST_ENTRIES),
+        ("envs", len(device.envs), MAX_DEVICE_MAP_ENTRIES),
+        ("annotations", len(device.annotations), MAX_DEVICE_MAP_ENTRIES),
+    ):
+        if count > limit:
+            return f"{key} has more than {limit} entries"
+    for node in device.numa_nodes:
+        if not 0 <= node <= MAX_NUMA_NODE:
+            return f"numa_nodes: {node} is not in 0..{MAX_NUMA_NODE}"
+    if list(device.numa_nodes) != sorted(set(device.numa_nodes)):
+        return "numa_nodes are not sorted and unique"
+    seen: dict[str, str] = {}  # container path -> the key that claimed it
+    entries: list[tuple[str, str, str]] = [
+        (f"device_nodes[{i}]", n.host_path, n.container_path) for i, n in enumerate(device.device_nodes)
+    ] + [(f"mounts[{i}]", m.host_path, m.container_path) for i, m in enumerate(device.mounts)]
+    for key, host_path, container_path in entries:
+        for suffix, path in (("host_path", host_path), ("container_path", container_path)):
+            problem = path_problem(path)
+            if problem is not None:
+                return f"{key}.{suffix} {problem}"
+        if container_path in seen:
+            return f"{key}.container_path {_show(container_path)} is already used by {seen[container_path]}"
+        seen[container_path] = key
+    for i, dn in enumerate(device.device_nodes):
+        if dn.permissions not in PERMISSIONS:
+            return f"device_nodes[{i}].permissions {_show(dn.permissions)} is not a non-empty combination of r, w, m"
+    for i, name in enumerate(device.cdi_devices):
+        problem = cdi_name_problem(name)
+        if problem is not None:
+            return f"cdi_devices[{i}] {problem}"
+        if name in device.cdi_devices[:i]:
+            return f"cdi_devices[{i}] {_show(name)} is listed twice"
+    for table, pairs, key_problem in (
+        ("envs", device.envs, env_name_problem),
+        ("annotations", device.annotations, annotation_key_problem),
+    ):
+        keys = [k for k, _ in pairs]
+        if keys != sorted(set(keys)):
+            return f"{table} keys are not sorted and unique"
+        for key, value in pairs:
+            problem = key_problem(key)
+            if problem is not None:
+                return f"{table}: {problem}"
+            problem = text_problem(value)
+            if problem is not None:
+                return f"{table}.{key} value {problem}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,3 +351,111 @@ def diff(old: DeviceSet, new: DeviceSet) -> DeviceDiff:
         removed=tuple(sorted(old_ids.keys() - new_ids.keys())),
         changed=tuple(sorted(k for k in new_ids.keys() & old_ids.keys() if new_ids[k] != old_ids[k])),
     )
+
+
+# --- the queue wire form (messages.py is the only caller) ----------------------------------
+
+_WIRE_KEYS = frozenset(
+    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem")
+)
+
+
+def device_to_wire(device: Device) -> list[str] | dict[str, Any]:
+    """The JSON-ready form of `device`.
+
+    A bare device stays the compact [id, health] pair the queue always carried,
+    so bare snapshots do not grow; any other device is a dict holding "id" and
+    only the fields that differ from their defaults.
+    """
+    if device.bare:
+        return [device.device_id, device.health]
+    wire: dict[str, Any] = {"id": device.device_id}
+    if device.health != HEALTHY:
+        wire["health"] = device.health
+    if device.numa_nodes:
+        wire["numa_nodes"] = list(device.numa_nodes)
+    if device.device_nodes:
+        wire["device_nodes"] = [[n.host_path, n.container_path, n.permissions] for n in device.device_nodes]
+    if device.mounts:
+        wire["mounts"] = [[m.host_path, m.container_path, m.read_only] for m in device.mounts]
+    if device.envs:
+        wire["envs"] = dict(device.envs)
+    if device.annotations:
+        wire["annotations"] = dict(device.annotations)
+    if device.cdi_devices:
+        wire["cdi_devices"] = list(device.cdi_devices)
+    if device.problem:
+        wire["problem"] = device.problem
+    return wire
+
+
+def _wire_list(obj: dict[str, Any], key: str) -> list[Any]:
+    value = obj.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"{key} is not a list")
+    if len(value) > MAX_DEVICE_LIST_ENTRIES:
+        raise ValueError(f"{key} has more than {MAX_DEVICE_LIST_ENTRIES} entries")
+    return value
+
+
+def _wire_triple(item: object, key: str, third: type) -> tuple[str, str, Any]:
+    if not (
+        isinstance(item, list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+        and type(item[2]) is third
+    ):
+        raise ValueError(f"{key} entry is not [host_path, container_path, {third.__name__}]")
+    return item[0], item[1], item[2]
+
+
+def _wire_pairs(obj: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    value = obj.get(key, {})
+    if not isinstance(value, dict) or len(value) > MAX_DEVICE_MAP_ENTRIES:
+        raise ValueError(f"{key} is not an object of at most {MAX_DEVICE_MAP_ENTRIES} entries")
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{key} has a value that is not a string")
+    return tuple(sorted(value.items()))
+
+
+def device_from_wire(obj: object) -> Device:
+    """The device `obj` (from device_to_wire, through JSON) describes; ValueError names any defect.
+
+    Physical devices only: the ID must pass id_problem, so replica IDs are refused.
+    """
+    if isinstance(obj, list):
+        if not (len(obj) == 2 and all(isinstance(x, str) for x in obj)):
+            raise ValueError("device entry is not [id, health] or an object")
+        obj = {"id": obj[0], "health": obj[1]}
+    if not isinstance(obj, dict):
+        raise ValueError("device entry is not [id, health] or an object")
+    unknown = obj.keys() - _WIRE_KEYS
+    if unknown:
+        raise ValueError(f"unknown device keys {_show(sorted(map(str, unknown)))}")
+    device_id, health, problem = obj.get("id"), obj.get("health", HEALTHY), obj.get("problem", "")
+    if not isinstance(device_id, str) or id_problem(device_id) is not None:
+        raise ValueError(f"invalid device ID {_show(device_id)}")
+    if not isinstance(health, str) or not isinstance(problem, str):
+        raise ValueError(f"device {device_id!r}: health or problem is not a string")
+    numa = _wire_list(obj, "numa_nodes")
+    if not all(type(n) is int for n in numa):
+        raise ValueError(f"device {device_id!r}: numa_nodes is not a list of integers")
+    cdi = _wire_list(obj, "cdi_devices")
+    if not all(isinstance(n, str) for n in cdi):
+        raise ValueError(f"device {device_id!r}: cdi_devices is not a list of strings")
+    device = Device(
+        device_id,
+        health,
+        numa_nodes=tuple(numa),
+        device_nodes=tuple(DeviceNode(*_wire_triple(i, "device_nodes", str)) for i in _wire_list(obj, "device_nodes")),
+        mounts=tuple(Mount(*_wire_triple(i, "mounts", bool)) for i in _wire_list(obj, "mounts")),
+        envs=_wire_pairs(obj, "envs"),
+        annotations=_wire_pairs(obj, "annotations"),
+        cdi_devices=tuple(cdi),
+        problem=problem,
+    )
+    problem = device_problem(device)
+    if problem is not None:
+        raise ValueError(f"device {device_id!r}: {problem}")
+    return device

@@ -45,7 +45,10 @@ def requests_target(data: bytes) -> None:
         return
     for container in preferred.container_requests:
         chosen = allocation.preferred(
-            list(container.available_deviceIDs), list(container.must_include_deviceIDs), container.allocation_size
+            DEVICES,
+            list(container.available_deviceIDs),
+            list(container.must_include_deviceIDs),
+            container.allocation_size,
         )
         assert len(chosen) <= max(container.allocation_size, 0)
         assert set(chosen) <= set(container.available_deviceIDs)

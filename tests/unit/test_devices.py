@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import random
 
 import pytest
 
 from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.devices import (
     HEALTH_VALUES,
+    REPLICA_SEPARATOR,
     Device,
     DeviceDiff,
+    DeviceNode,
     DeviceSet,
+    Mount,
     ScanResult,
     SkippedName,
+    base_id,
     build,
+    device_from_wire,
+    device_problem,
+    device_to_wire,
     diff,
     id_problem,
+    replicate,
 )
 
 pytestmark = pytest.mark.unit
@@ -314,3 +324,209 @@ def test_diff_is_antisymmetric() -> None:
     assert forward.added == backward.removed == ("d",)
     assert forward.removed == backward.added == ("a",)
     assert forward.changed == backward.changed == ("b",)
+
+
+def test_diff_sees_a_changed_device_file() -> None:
+    old = DeviceSet.of([Device("a", numa_nodes=(0,))])
+    new = DeviceSet.of([Device("a", numa_nodes=(1,))])
+    assert diff(old, new) == DeviceDiff(changed=("a",))
+
+
+# --- the richer device model -----------------------------------------------------------------
+
+
+def test_device_positional_fields_unchanged() -> None:
+    device = Device("a", UNHEALTHY)
+    assert (device.device_id, device.health, device.problem) == ("a", UNHEALTHY, "")
+    assert device.numa_nodes == device.device_nodes == device.mounts == device.envs == ()
+    assert device.annotations == device.cdi_devices == ()
+    assert Device("a").bare and Device("a", UNHEALTHY).bare
+    assert not Device("a", numa_nodes=(0,)).bare
+    assert not Device("a", UNHEALTHY, problem="x").bare
+
+
+def test_device_node_and_mount_defaults() -> None:
+    assert DeviceNode("/dev/a", "/dev/b").permissions == "rw"
+    assert Mount("/a", "/b").read_only is True
+
+
+def test_devices_still_order_by_id() -> None:
+    devices = [Device("b"), Device("a", numa_nodes=(3,)), Device("a")]
+    assert sorted(devices)[0] == Device("a")
+
+
+# --- replicas ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "device_id, expected",
+    [
+        pytest.param("cola1", "cola1", id="plain"),
+        pytest.param("cola1::0", "cola1", id="replica"),
+        pytest.param("cola1::12", "cola1", id="replica-two-digits"),
+        pytest.param("a.b-c::3", "a.b-c", id="dots-and-dashes"),
+        pytest.param("", "", id="empty"),
+        pytest.param("::1", "", id="no-base"),
+        pytest.param("a::1::2", "a", id="first-separator"),
+    ],
+)
+def test_base_id(device_id: str, expected: str) -> None:
+    assert base_id(device_id) == expected
+
+
+def test_replica_ids_never_clash_with_file_ids() -> None:
+    assert REPLICA_SEPARATOR == "::"
+    assert id_problem("cola1::0") is not None
+
+
+@pytest.mark.parametrize("replicas", [-1, 0, 1])
+def test_replicate_one_or_fewer_is_identity(replicas: int) -> None:
+    devices = DeviceSet.of([Device("a"), Device("b", UNHEALTHY)])
+    assert replicate(devices, replicas) is devices
+
+
+def test_replicate() -> None:
+    rich = Device("cola1", UNHEALTHY, numa_nodes=(1,), device_nodes=(DeviceNode("/dev/c", "/dev/c"),))
+    result = replicate(DeviceSet.of([rich, Device("cola2")]), 3)
+    assert result.ids == ("cola1::0", "cola1::1", "cola1::2", "cola2::0", "cola2::1", "cola2::2")
+    for n in range(3):
+        assert result.get(f"cola1::{n}") == dataclasses.replace(rich, device_id=f"cola1::{n}")
+    assert {base_id(i) for i in result.ids} == {"cola1", "cola2"}
+
+
+def test_replicate_is_stable_and_not_zero_padded() -> None:
+    first = replicate(DeviceSet.of([Device("a")]), 12)
+    assert first == replicate(DeviceSet.of([Device("a")]), 12)
+    assert "a::10" in first and "a::0" in first and "a::00" not in first
+    assert replicate(DeviceSet(), 4) == DeviceSet()
+
+
+# --- wire form ---------------------------------------------------------------------------------
+
+RICH = Device(
+    "cola1",
+    HEALTHY,
+    numa_nodes=(0, 3),
+    device_nodes=(DeviceNode("/dev/cola1", "/dev/cola1", "rw"), DeviceNode("/dev/ctl", "/dev/c", "rwm")),
+    mounts=(Mount("/opt/cola", "/opt/cola", True), Mount("/var/cola", "/state", False)),
+    envs=(("A", "1"), ("B", "x,y")),
+    annotations=(("example.com/k", "v"), ("plain", "")),
+    cdi_devices=("vendor.com/cola=cola1", "nvidia.com/gpu=0"),
+)
+
+ROUND_TRIP = [
+    pytest.param(Device("a"), id="bare-healthy"),
+    pytest.param(Device("a", UNHEALTHY), id="bare-unhealthy"),
+    pytest.param(Device("a", UNHEALTHY, problem="unknown key 'x'"), id="malformed"),
+    pytest.param(Device("a", numa_nodes=(0,)), id="numa"),
+    pytest.param(Device("a", numa_nodes=(0, 1023)), id="numa-bounds"),
+    pytest.param(Device("a", device_nodes=(DeviceNode("/dev/a", "/dev/b", "m"),)), id="device-node"),
+    pytest.param(Device("a", mounts=(Mount("/a", "/b", False),)), id="mount"),
+    pytest.param(Device("a", envs=(("E", ""),)), id="env-empty-value"),
+    pytest.param(Device("a", annotations=(("k", "\u00e9\n"),)), id="annotation-unicode"),
+    pytest.param(Device("a", cdi_devices=("a.com/b=c",)), id="cdi"),
+    pytest.param(RICH, id="rich"),
+    pytest.param(dataclasses.replace(RICH, health=UNHEALTHY), id="rich-declared-unhealthy"),
+    pytest.param(Device("a" * 63, mounts=(Mount("/" + "m" * 4095, "/m"),)), id="long-strings"),
+    pytest.param(Device("a", numa_nodes=tuple(range(64))), id="64-numa-nodes"),
+]
+
+
+@pytest.mark.parametrize("device", ROUND_TRIP)
+def test_wire_round_trip(device: Device) -> None:
+    assert device_problem(device) is None
+    wire = device_to_wire(device)
+    assert json.loads(json.dumps(wire)) == wire  # JSON-ready
+    assert device_from_wire(json.loads(json.dumps(wire))) == device
+
+
+def test_wire_bare_device_is_the_old_pair() -> None:
+    assert device_to_wire(Device("a")) == ["a", HEALTHY]
+    assert device_to_wire(Device("a", UNHEALTHY)) == ["a", UNHEALTHY]
+
+
+def test_wire_dict_holds_only_non_default_keys() -> None:
+    assert device_to_wire(Device("a", numa_nodes=(1,))) == {"id": "a", "numa_nodes": [1]}
+    assert device_to_wire(Device("a", UNHEALTHY, problem="p")) == {"id": "a", "health": UNHEALTHY, "problem": "p"}
+    assert device_to_wire(Device("a", mounts=(Mount("/a", "/b"),))) == {"id": "a", "mounts": [["/a", "/b", True]]}
+
+
+def test_wire_round_trip_many_generated_devices() -> None:
+    # hypothesis is not installed in the venv: a seeded generator over every field instead.
+    rng = random.Random(7)
+    for _ in range(300):
+        nodes = tuple(
+            DeviceNode(f"/dev/n{i}", f"/dev/c{i}", rng.choice(("r", "w", "m", "rw", "rm", "wm", "rwm")))
+            for i in range(rng.randrange(3))
+        )
+        mounts = tuple(Mount(f"/h/{i}", f"/m/{i}", rng.random() < 0.5) for i in range(rng.randrange(3)))
+        envs = tuple(
+            sorted({f"E{rng.randrange(9)}": rng.choice(("", "x", "ü,€")) for _ in range(rng.randrange(4))}.items())
+        )
+        annotations = tuple(sorted({f"x.io/k{rng.randrange(9)}": "v" for _ in range(rng.randrange(4))}.items()))
+        device = Device(
+            f"d{rng.randrange(1000)}",
+            rng.choice(HEALTH_VALUES),
+            numa_nodes=tuple(sorted(rng.sample(range(1024), rng.randrange(4)))),
+            device_nodes=nodes,
+            mounts=mounts,
+            envs=envs,
+            annotations=annotations,
+            cdi_devices=tuple(f"v.com/c=n{i}" for i in range(rng.randrange(3))),
+        )
+        assert device_problem(device) is None, device
+        assert device_from_wire(json.loads(json.dumps(device_to_wire(device)))) == device
+
+
+WIRE_ERRORS = [
+    # (wire object, fragment of the ValueError)
+    pytest.param(None, "not [id, health]", id="none"),
+    pytest.param("a", "not [id, health]", id="string"),
+    pytest.param(["a"], "not [id, health]", id="short-list"),
+    pytest.param(["a", HEALTHY, 1], "not [id, health]", id="long-list"),
+    pytest.param(["a", 1], "not [id, health]", id="health-int"),
+    pytest.param(["a", "Sick"], "health 'Sick'", id="health-unknown"),
+    pytest.param(["a b", HEALTHY], "invalid device ID", id="bad-id"),
+    pytest.param(["a::0", HEALTHY], "invalid device ID", id="replica-id"),
+    pytest.param({"health": HEALTHY}, "invalid device ID", id="no-id"),
+    pytest.param({"id": 1}, "invalid device ID", id="id-int"),
+    pytest.param({"id": "a", "colour": 1}, "unknown device keys", id="unknown-key"),
+    pytest.param({"id": "a", "health": None}, "not a string", id="health-null"),
+    pytest.param({"id": "a", "numa_nodes": 0}, "numa_nodes is not a list", id="numa-int"),
+    pytest.param({"id": "a", "numa_nodes": [True]}, "numa_nodes is not a list of integers", id="numa-bool"),
+    pytest.param({"id": "a", "numa_nodes": [1, 0]}, "sorted and unique", id="numa-unsorted"),
+    pytest.param({"id": "a", "numa_nodes": [0, 0]}, "sorted and unique", id="numa-duplicate"),
+    pytest.param({"id": "a", "numa_nodes": [1024]}, "not in 0..1023", id="numa-range"),
+    pytest.param({"id": "a", "numa_nodes": list(range(65))}, "more than 64", id="numa-many"),
+    pytest.param({"id": "a", "device_nodes": [["/a", "/b"]]}, "device_nodes entry", id="node-short"),
+    pytest.param({"id": "a", "device_nodes": [["/a", "/b", True]]}, "device_nodes entry", id="node-perm-bool"),
+    pytest.param({"id": "a", "device_nodes": [["/a", "/b", "x"]]}, "permissions 'x'", id="node-perm-bad"),
+    pytest.param({"id": "a", "device_nodes": [["/a", "/b", "wr"]]}, "permissions 'wr'", id="node-perm-order"),
+    pytest.param({"id": "a", "device_nodes": [["a", "/b", "r"]]}, "device_nodes[0].host_path", id="node-relative"),
+    pytest.param({"id": "a", "mounts": [["/a", "/b", 1]]}, "mounts entry", id="mount-ro-int"),
+    pytest.param({"id": "a", "mounts": [["/a", "/../b", True]]}, "mounts[0].container_path", id="mount-dotdot"),
+    pytest.param(
+        {"id": "a", "mounts": [["/a", "/b", True], ["/c", "/b", True]]}, "already used by mounts[0]", id="mount-dup"
+    ),
+    pytest.param({"id": "a", "envs": [["A", "1"]]}, "envs is not an object", id="envs-list"),
+    pytest.param({"id": "a", "envs": {"A": 1}}, "not a string", id="env-value-int"),
+    pytest.param({"id": "a", "envs": {"COLA_DEVICES": "x"}}, "reserved", id="env-reserved"),
+    pytest.param({"id": "a", "envs": {"A": "\udcff"}}, "not valid UTF-8", id="env-value-surrogate"),
+    pytest.param({"id": "a", "annotations": {"A/b": "v"}}, "annotations: 'A/b'", id="annotation-key"),
+    pytest.param({"id": "a", "cdi_devices": "a.com/b=c"}, "cdi_devices is not a list", id="cdi-string"),
+    pytest.param({"id": "a", "cdi_devices": [1]}, "not a list of strings", id="cdi-int"),
+    pytest.param({"id": "a", "cdi_devices": ["nope"]}, "cdi_devices[0]", id="cdi-bad"),
+    pytest.param({"id": "a", "problem": 1}, "not a string", id="problem-int"),
+    pytest.param({"id": "a", "problem": "p"}, "must be Unhealthy", id="problem-on-healthy"),
+    pytest.param(
+        {"id": "a", "health": UNHEALTHY, "problem": "p", "numa_nodes": [0]}, "carry nothing else", id="problem-fields"
+    ),
+    pytest.param({"id": "a", "health": UNHEALTHY, "problem": "p" * 4097}, "longer than 4096", id="problem-long"),
+]
+
+
+@pytest.mark.parametrize("obj, fragment", WIRE_ERRORS)
+def test_device_from_wire_rejects(obj: object, fragment: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        device_from_wire(obj)
+    assert fragment in str(caught.value)

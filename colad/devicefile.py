@@ -1,0 +1,158 @@
+"""Device files: what the content of one file in the device directory says about its device.
+
+Discovery reads at most MAX_FILE_BYTES + 1 bytes of each device file and hands
+them to parse(), which returns a Device (devices.py) and never raises: a
+malformed file becomes an Unhealthy device whose `problem` names the key. No
+I/O, no logging, no clock. The format is documented in docs/DEVICES.md.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any
+
+from colad.constants import (
+    HEALTHY,
+    MAX_DEVICE_FILE_BYTES,
+    MAX_DEVICE_LIST_ENTRIES,
+    MAX_DEVICE_MAP_ENTRIES,
+    UNHEALTHY,
+)
+from colad.devices import HEALTH_VALUES, Device, DeviceNode, Mount, device_problem
+
+MAX_FILE_BYTES = MAX_DEVICE_FILE_BYTES
+FORMAT_VERSION = 1
+MAX_PROBLEM_LENGTH = 300
+_KEYS = frozenset(("version", "health", "numa_nodes", "cdi_devices", "envs", "annotations", "device_nodes", "mounts"))
+_DEVICE_NODE_KEYS = frozenset(("host_path", "container_path", "permissions"))
+_MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only"))
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+class _Malformed(Exception):
+    """The file is not a valid device file; the message is the device's problem."""
+
+
+def parse(device_id: str, data: bytes) -> Device:
+    """The device that file `device_id` with content `data` describes; never raises.
+
+    An empty file (or one of only whitespace and comments) is a Healthy bare
+    device. A malformed file is Device(device_id, UNHEALTHY, problem=<reason>)
+    with every other field empty, so it never contributes anything to a
+    container. The result depends on `data` alone: fixing a file heals its device.
+    """
+    try:
+        return _parse(device_id, data)
+    except _Malformed as exc:
+        problem = _CONTROL.sub(" ", str(exc)).strip() or "malformed"
+        if len(problem) > MAX_PROBLEM_LENGTH:
+            problem = problem[: MAX_PROBLEM_LENGTH - 3] + "..."
+        return Device(device_id, UNHEALTHY, problem=problem)
+
+
+def _parse(device_id: str, data: bytes) -> Device:
+    if len(data) > MAX_FILE_BYTES:
+        raise _Malformed(f"larger than {MAX_FILE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Malformed(f"not UTF-8 (invalid byte at offset {exc.start})") from None
+    try:
+        table = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+        raise _Malformed(f"invalid TOML: {exc}") from None
+    _no_unknown_keys(table, _KEYS, "")
+    version = table.get("version", FORMAT_VERSION)
+    if type(version) is not int:
+        raise _Malformed("version must be an integer")
+    if version != FORMAT_VERSION:
+        raise _Malformed(f"unsupported version {version}")
+    health = table.get("health", HEALTHY)
+    if health not in HEALTH_VALUES:
+        raise _Malformed(f'health must be "{HEALTHY}" or "{UNHEALTHY}"')
+    numa_nodes = _list(table, "numa_nodes", int)
+    device = Device(
+        device_id,
+        health,
+        numa_nodes=tuple(sorted(set(numa_nodes))),
+        device_nodes=tuple(_device_node(t, i) for i, t in enumerate(_list(table, "device_nodes", dict))),
+        mounts=tuple(_mount(t, i) for i, t in enumerate(_list(table, "mounts", dict))),
+        envs=_map(table, "envs"),
+        annotations=_map(table, "annotations"),
+        cdi_devices=tuple(_list(table, "cdi_devices", str)),
+    )
+    problem = device_problem(device)
+    if problem is not None:
+        raise _Malformed(problem)
+    return device
+
+
+_TYPE_NAMES = {int: "integers", str: "strings", dict: "tables ([[...]])"}
+
+
+def _list(table: dict[str, Any], key: str, kind: type) -> list[Any]:
+    value = table.get(key, [])
+    # bool is an int in Python; a TOML boolean is never a NUMA node.
+    if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise _Malformed(f"{key} must be a list of {_TYPE_NAMES[kind]}")
+    if len(value) > MAX_DEVICE_LIST_ENTRIES:
+        raise _Malformed(f"{key} has more than {MAX_DEVICE_LIST_ENTRIES} entries")
+    return value
+
+
+def _map(table: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    value = table.get(key, {})
+    if not isinstance(value, dict):
+        raise _Malformed(f"{key} must be a table ([{key}])")
+    if len(value) > MAX_DEVICE_MAP_ENTRIES:
+        raise _Malformed(f"{key} has more than {MAX_DEVICE_MAP_ENTRIES} entries")
+    for name, item in value.items():
+        if not isinstance(item, str):
+            raise _Malformed(f"{key}.{name} must be a string")
+    return tuple(sorted(value.items()))
+
+
+def _no_unknown_keys(table: dict[str, Any], known: frozenset[str], where: str) -> None:
+    unknown = sorted(table.keys() - known)
+    if unknown:
+        raise _Malformed(f"unknown key {where}{unknown[0]!r}")
+
+
+def _path(table: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = table.get(key, default)
+    if value is None:
+        raise _Malformed(f"{where}.{key} is missing")
+    if not isinstance(value, str):
+        raise _Malformed(f"{where}.{key} must be a string")
+    return value
+
+
+def _device_node(table: dict[str, Any], index: int) -> DeviceNode:
+    where = f"device_nodes[{index}]"
+    _no_unknown_keys(table, _DEVICE_NODE_KEYS, f"in {where}: ")
+    host_path = _path(table, "host_path", where)
+    permissions = table.get("permissions", "rw")
+    valid = (
+        isinstance(permissions, str)
+        and permissions != ""
+        and set(permissions) <= set("rwm")
+        and len(set(permissions)) == len(permissions)
+    )
+    if not valid:
+        raise _Malformed(f"{where}.permissions must be a non-empty combination of r, w, m")
+    return DeviceNode(
+        host_path,
+        _path(table, "container_path", where, host_path),
+        "".join(c for c in "rwm" if c in permissions),
+    )
+
+
+def _mount(table: dict[str, Any], index: int) -> Mount:
+    where = f"mounts[{index}]"
+    _no_unknown_keys(table, _MOUNT_KEYS, f"in {where}: ")
+    host_path = _path(table, "host_path", where)
+    read_only = table.get("read_only", True)
+    if not isinstance(read_only, bool):
+        raise _Malformed(f"{where}.read_only must be true or false")
+    return Mount(host_path, _path(table, "container_path", where, host_path), read_only)
