@@ -7,7 +7,7 @@ PROTOC_VENV := .venv-protoc
 # The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
 # bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
-DEV_TOOLS := pytest ruff mypy
+DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml
 # Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
 # and boot the installed package in a fresh bookworm root (debootstrap, systemd-nspawn).
 DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel \
@@ -63,10 +63,12 @@ lint: setup
 	$(VENV)/bin/ruff check colad tests
 	$(VENV)/bin/mypy
 
-# Regenerate the committed stubs from colad/api/deviceplugin.proto.
+# Regenerate the committed stubs from colad/api/deviceplugin.proto and colad/api/podresources.proto.
 stubs: $(PROTOC_VENV)/.installed
 	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		colad/api/deviceplugin.proto
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		colad/api/podresources.proto
 
 # The Debian package, built with dh + pybuild from a clean copy of this tree (packaging/build-deb.sh).
 # Prints the path of the .deb; the build log is dist/build-deb.log.

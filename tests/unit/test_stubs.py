@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from colad.api import deviceplugin_pb2 as pb
+from colad.api import podresources_pb2 as prpb
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / ".venv-protoc" / "bin" / "python"
-STUBS = ("deviceplugin_pb2.py", "deviceplugin_pb2.pyi", "deviceplugin_pb2_grpc.py")
+PROTOS = ("deviceplugin", "podresources")
+STUBS = tuple(f"{proto}{suffix}" for proto in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
 def test_regenerating_the_stubs_changes_nothing(tmp_path: Path) -> None:
@@ -33,12 +35,13 @@ def test_regenerating_the_stubs_changes_nothing(tmp_path: Path) -> None:
     ).stdout.strip()
     assert version == "1.62.3"
     (tmp_path / "colad" / "api").mkdir(parents=True)
-    shutil.copy(ROOT / "colad/api/deviceplugin.proto", tmp_path / "colad/api/deviceplugin.proto")
-    subprocess.run(
-        [str(GENERATOR), "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.", "--grpc_python_out=.",
-         "colad/api/deviceplugin.proto"],
-        cwd=tmp_path, check=True,
-    )
+    for proto in PROTOS:  # one protoc run per file, as `make stubs` does
+        shutil.copy(ROOT / f"colad/api/{proto}.proto", tmp_path / f"colad/api/{proto}.proto")
+        subprocess.run(
+            [str(GENERATOR), "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.",
+             "--grpc_python_out=.", f"colad/api/{proto}.proto"],
+            cwd=tmp_path, check=True,
+        )
     for name in STUBS:
         assert filecmp.cmp(tmp_path / "colad/api" / name, ROOT / "colad/api" / name, shallow=False), name
 
@@ -96,3 +99,44 @@ def test_services_match_upstream() -> None:
             m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods
         }
     assert services == EXPECTED_METHODS
+
+
+# kubernetes/kubelet pkg/apis/podresources/v1/api.proto: the subset colad keeps, upstream names and numbers.
+# Left out on purpose (never reuse the numbers): rpc Get, PodResources.cpu_ids = 4 / memory = 5,
+# ContainerResources.dynamic_resources = 5 and the DRA messages.
+EXPECTED_POD_RESOURCES_FIELDS = {
+    "AllocatableResourcesRequest": {},
+    "AllocatableResourcesResponse": {"devices": 1, "cpu_ids": 2, "memory": 3},
+    "ListPodResourcesRequest": {},
+    "ListPodResourcesResponse": {"pod_resources": 1},
+    "PodResources": {"name": 1, "namespace": 2, "containers": 3},
+    "ContainerResources": {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4},
+    "ContainerMemory": {"memory_type": 1, "size": 2, "topology": 3},
+    "ContainerDevices": {"resource_name": 1, "device_ids": 2, "topology": 3},
+    "TopologyInfo": {"nodes": 1},
+    "NUMANode": {"ID": 1},
+}
+EXPECTED_POD_RESOURCES_METHODS = {
+    "PodResourcesLister": {
+        "List": ("ListPodResourcesRequest", "ListPodResourcesResponse", False),
+        "GetAllocatableResources": ("AllocatableResourcesRequest", "AllocatableResourcesResponse", False),
+    },
+}
+
+
+def test_pod_resources_messages_match_upstream() -> None:
+    file = prpb.DESCRIPTOR
+    assert file.package == "v1"
+    assert {name: {f.name: f.number for f in m.fields} for name, m in file.message_types_by_name.items()} == (
+        EXPECTED_POD_RESOURCES_FIELDS
+    )
+
+
+def test_pod_resources_service_matches_upstream() -> None:
+    services = {}
+    for name, service in prpb.DESCRIPTOR.services_by_name.items():
+        assert service.full_name == f"v1.{name}"
+        services[name] = {
+            m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods
+        }
+    assert services == EXPECTED_POD_RESOURCES_METHODS

@@ -1,0 +1,210 @@
+"""The in-use view, I/O shell: polls the kubelet's PodResources API from a daemon thread of the plugin.
+
+A device plugin only knows what it handed out; the kubelet knows what is still in use. Every
+`pod_resources_interval` seconds this calls List on `pod_resources_socket` (and, once per
+connection, GetAllocatableResources), turns the answer into plain tuples for the pure core
+(inuse.py), logs hand-overs, sets the metrics and writes run_dir/state/inuse.json for `colad status`.
+An absent or old kubelet degrades to "unavailable" with one log line, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from colad import inuse, log
+from colad.api import podresources_pb2 as pb
+from colad.api import podresources_pb2_grpc as pb_grpc
+from colad.config import Config
+from colad.metrics import Metrics
+
+LOG = log.get(__name__)
+
+# Seconds any PodResources call may take: the kubelet answers from memory.
+CALL_DEADLINE_S = 2.0
+# The kubelet's own PodResources clients raise grpc-go's 4 MiB receive limit for nodes with many pods
+# (k8s.io/kubelet pkg/apis/podresources client.go callers); so does colad.
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+NO_ALLOCATABLE = "kubelet has no GetAllocatableResources (older than 1.23); in-use view from List only"
+
+
+class InUseWatcher:
+    """Polls List and publishes who holds each device of `resources()` (the resource names colad serves)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        metrics: Metrics,
+        resources: Callable[[], set[str]],
+        *,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.socket_path = cfg.pod_resources_socket
+        self.interval = cfg.pod_resources_interval
+        self.state_path = os.path.join(cfg.run_dir, inuse.STATE_NAME)
+        self.metrics = metrics
+        self.resources = resources
+        self.wall = wall
+        self.view: dict[inuse.Key, frozenset[inuse.Holder]] = {}  # last known, kept while unavailable
+        self.available: bool | None = None  # None: not polled yet
+        self.reason = "not polled yet"
+        self.told_no_allocatable = False
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.PodResourcesListerStub | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self.socket_path:
+            self.reason = "off (pod_resources_socket is empty)"
+            LOG.info("in-use view off", reason="pod_resources_socket is empty")
+            self.available = False
+            self.metrics.set_in_use(False, {}, ())
+            self._write_state()
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="inuse", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_DEADLINE_S * 2 + 1)
+            self._thread = None
+        self._close()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.poll()
+            except Exception:  # the thread's loop boundary: log, keep polling
+                LOG.exception("in-use poll failed")
+            if self._stop.wait(self.interval):
+                return
+
+    def poll(self) -> None:
+        """One List call and everything that follows from it."""
+        served = set(self.resources())
+        fresh = self._channel is None
+        try:
+            if fresh and not os.path.exists(self.socket_path):
+                self._down(f"no socket at {self.socket_path}")
+                return
+            stub = self._connect()
+            response = stub.List(pb.ListPodResourcesRequest(), timeout=CALL_DEADLINE_S)
+        except grpc.RpcError as exc:
+            self._close()  # dial again next time: grpc's own reconnect back-off grows to minutes
+            self._down(_status(exc) if os.path.exists(self.socket_path) else f"no socket at {self.socket_path}")
+            return
+        if fresh:
+            self._log_allocatable(stub, served)
+        view = inuse.holders(_assignments(response), served)
+        self._up()
+        for change in inuse.diff(self.view, view):
+            _log_change(change)
+        self.view = view
+        self.metrics.set_in_use(True, inuse.in_use_counts(view, served), _label_rows(view))
+        self._write_state()
+
+    def _connect(self) -> pb_grpc.PodResourcesListerStub:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(
+                "unix:" + self.socket_path,
+                options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                         ("grpc.default_authority", "localhost")],
+            )
+            self._stub = pb_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
+
+    def _close(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
+    def _log_allocatable(self, stub: pb_grpc.PodResourcesListerStub, served: set[str]) -> None:
+        """Once per connection: what the kubelet thinks is allocatable, for comparison with what colad serves."""
+        try:
+            answer = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=CALL_DEADLINE_S)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                if not self.told_no_allocatable:
+                    LOG.info(NO_ALLOCATABLE)
+                    self.told_no_allocatable = True
+                else:
+                    LOG.debug(NO_ALLOCATABLE)
+            else:
+                LOG.debug("GetAllocatableResources failed", error=_status(exc))
+            return
+        counts = dict.fromkeys(served, 0)
+        for devices in answer.devices:
+            if devices.resource_name in counts:
+                counts[devices.resource_name] += len(devices.device_ids)
+        for resource, count in sorted(counts.items()):
+            LOG.info("kubelet allocatable devices", resource=resource, devices=count)
+
+    def _up(self) -> None:
+        if self.available is not True:
+            LOG.info("pod resources available", socket=self.socket_path)
+        self.available, self.reason = True, ""
+
+    def _down(self, reason: str) -> None:
+        if self.available is not False:  # one warning per outage, then quiet until it recovers
+            LOG.warning("pod resources unavailable; no in-use view until the kubelet answers",
+                        socket=self.socket_path, reason=reason)
+        else:
+            LOG.debug("pod resources still unavailable", socket=self.socket_path, reason=reason)
+        self.available, self.reason = False, reason
+        self.metrics.set_in_use(False, {}, ())  # unknown is absent, not zero
+        self._write_state()
+
+    def _write_state(self) -> None:
+        body = inuse.state(self.view if self.available else {}, available=bool(self.available),
+                           reason=self.reason, updated=self.wall())
+        tmp = self.state_path + ".tmp"
+        try:
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(body, handle)
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            LOG.warning("state file not written", path=self.state_path, error=exc)
+
+
+def _assignments(response: pb.ListPodResourcesResponse) -> list[inuse.Assignment]:
+    return [
+        (pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
+        for pod in response.pod_resources
+        for container in pod.containers
+        for devices in container.devices
+    ]
+
+
+def _label_rows(view: inuse.Holders) -> list[tuple[str, str, str, str, str]]:
+    return [(r["resource"], r["device_id"], r["namespace"], r["pod"], r["container"]) for r in inuse.rows(view)]
+
+
+def _log_change(change: inuse.Change) -> None:
+    fields: dict[str, object] = {
+        "resource": change.resource_name, "device": change.device_id,
+        "namespace": change.holder.namespace, "pod": change.holder.pod, "container": change.holder.container,
+    }
+    if change.kind == "changed_hands" and change.previous is not None:
+        previous = change.previous
+        LOG.info("device changed hands", **fields, from_namespace=previous.namespace, from_pod=previous.pod,
+                 from_container=previous.container)
+    elif change.kind == "in_use":
+        LOG.info("device in use", **fields)
+    else:
+        LOG.info("device released", **fields)
+
+
+def _status(exc: grpc.RpcError) -> str:
+    if isinstance(exc, grpc.Call):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)
