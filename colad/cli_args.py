@@ -8,6 +8,16 @@ from __future__ import annotations
 import argparse
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
 def status(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -19,3 +29,13 @@ def kubelet_sim(parser: argparse.ArgumentParser) -> None:
                         help="exit 0 after the first Allocate answer (or first list if --allocate 0)")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="with --once: exit 1 if nothing happened within this many seconds")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per event on stdout (log lines go to stderr)")
+
+
+def check(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--socket", metavar="PATH", default=None,
+                        help="check this plugin socket only (default: every colad-*.sock in the kubelet directory)")
+    parser.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS",
+                        help="deadline of each call to the plugin (default 5)")
