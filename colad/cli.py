@@ -20,8 +20,10 @@ ROLES = {
     "plugin": ("colad.plugin", "serve the device plugin API to the kubelet and keep it registered"),
     "kubelet-watch": ("colad.kubelet_watch", "tell the plugin when the kubelet restarts"),
     "supervise": ("colad.supervise", "run all three roles under supervisord in the foreground"),
+    "reload": ("colad.reload", "check the config file, then have the running colad apply it"),
     "status": ("colad.status", "show each process, the registration and the device count"),
     "kubelet-sim": ("colad.kubelet_sim", "a kubelet stand-in: accept a registration, list devices, allocate"),
+    "check": ("colad.check", "dial the plugin socket(s) like the kubelet: list, then Allocate each device"),
 }
 
 CONFIG_FLAGS = {

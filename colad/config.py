@@ -33,7 +33,15 @@ MAX_REPLICAS = 1000
 MAX_RESOURCES = 32
 # Keys a reload cannot change in a running daemon (sockets, listeners, the
 # supervisord config): a changed value is logged and takes effect at restart.
-RESTART_ONLY = ("kubelet_dir", "run_dir", "metrics_address", "metrics_per_device", "supervisord_template")
+RESTART_ONLY = (
+    "kubelet_dir",
+    "run_dir",
+    "metrics_address",
+    "metrics_per_device",
+    "supervisord_template",
+    "pod_resources_socket",
+    "pod_resources_interval",
+)
 # The keys of the single resource described by top-level keys; a [[resources]] list replaces them.
 SINGLE_RESOURCE_KEYS = ("resource_name", "device_dir", "replicas", "replica_policy")
 

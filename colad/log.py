@@ -94,3 +94,8 @@ def setup(role: str, level: str = "INFO") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def set_level(level: str) -> None:
+    """Change the level of every logger at once (a reload)."""
+    logging.getLogger().setLevel(level.upper())

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from colad.devices import HEALTH_VALUES, Device, DeviceSet, id_problem
+from colad.config import resource_name_problem
+from colad.devices import DeviceSet, device_from_wire, device_to_wire
 from colad.errors import MessageError
 
 WIRE_VERSION = 1
@@ -26,17 +27,19 @@ _COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
 
 @dataclass(frozen=True)
 class DeviceSnapshot:
-    """Discovery -> plugin: every device now in the device directory."""
+    """Discovery -> plugin: every device now in one resource's device directory, with its file's content."""
 
     epoch: int
     seq: int
     devices: DeviceSet
     dir_present: bool = True
+    resource: str = "myway5.com/cola"
     type: str = field(default="device_snapshot", init=False)
 
     @property
     def key(self) -> str:
-        return self.type
+        """Each resource's snapshots are a stream of their own."""
+        return f"{self.type}:{self.resource}"
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ Message = DeviceSnapshot | KubeletState | Stats
 def encode(message: Message) -> bytes:
     body: dict[str, Any] = {"v": WIRE_VERSION, "type": message.type, "epoch": message.epoch, "seq": message.seq}
     if isinstance(message, DeviceSnapshot):
+        body["resource"] = message.resource
         body["dir_present"] = message.dir_present
-        body["devices"] = [[d.device_id, d.health] for d in message.devices]
+        body["devices"] = [device_to_wire(d) for d in message.devices]
     elif isinstance(message, KubeletState):
         body["kubelet_socket"] = message.kubelet_socket
         body["plugin_sockets"] = list(message.plugin_sockets)
@@ -126,17 +130,18 @@ def decode(data: bytes) -> Message:
     if epoch < 0 or seq < 0:
         raise MessageError("negative epoch or seq")
     if kind == "device_snapshot":
+        resource = _need(body, "resource", str)
+        if resource_name_problem(resource) is not None:
+            raise MessageError(f"invalid resource name {resource!r}")
         devices = []
         for item in _need(body, "devices", list):
-            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
-                raise MessageError("device entry is not [id, health]")
-            device_id, health = item
-            if id_problem(device_id) is not None or health not in HEALTH_VALUES:
-                raise MessageError(f"invalid device {device_id!r} ({health!r})")
-            devices.append(Device(device_id, health))
+            try:
+                devices.append(device_from_wire(item))
+            except ValueError as exc:
+                raise MessageError(f"invalid device entry: {exc}") from None
         if len({d.device_id for d in devices}) != len(devices):
             raise MessageError("duplicate device IDs")
-        return DeviceSnapshot(epoch, seq, DeviceSet.of(devices), _need(body, "dir_present", bool))
+        return DeviceSnapshot(epoch, seq, DeviceSet.of(devices), _need(body, "dir_present", bool), resource)
     if kind == "kubelet_state":
         sockets = _need(body, "plugin_sockets", list)
         if not all(isinstance(s, str) for s in sockets):

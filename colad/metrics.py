@@ -156,15 +156,23 @@ class Metrics:
         r = self.registry = registry if registry is not None else Registry()
         self.per_device = per_device
         self.allocate_requests = Counter(
-            "colad_allocate_requests", "Allocate calls by result.", ["result"], registry=r
+            "colad_allocate_requests", "Allocate calls by resource and result.", ["resource", "result"], registry=r
         )
         self.allocated_devices = Counter(
-            "colad_allocated_devices", "Devices handed out by successful Allocate calls.", registry=r
+            "colad_allocated_devices",
+            "Devices (advertised IDs) handed out by successful Allocate calls.",
+            ["resource"],
+            registry=r,
         )
         self.device_allocations = Counter(
             "colad_device_allocations",
-            "Successful allocations of each device (off with metrics_per_device = false).",
-            ["device_id"],
+            "Successful allocations of each advertised device ID (off with metrics_per_device = false).",
+            ["resource", "device_id"],
+            registry=r,
+        )
+        self.check_allocations = Counter(
+            "colad_check_allocate_requests",
+            "Allocate calls made by `colad check` (kept out of the allocation counters).",
             registry=r,
         )
         self.allocate_duration = Histogram(
@@ -176,55 +184,132 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.devices = Gauge("colad_devices", "Devices advertised now, by health.", ["health"], registry=r)
+        self.devices = Gauge(
+            "colad_devices", "Devices advertised now, by resource and health.", ["resource", "health"], registry=r
+        )
         self.device_set_changes = Counter(
-            "colad_device_set_changes", "Changes of the advertised device set.", registry=r
+            "colad_device_set_changes", "Changes of the advertised device set.", ["resource"], registry=r
         )
         self.registrations = Counter(
-            "colad_registrations", "Register calls to the kubelet by result.", ["result"], registry=r
+            "colad_registrations",
+            "Register calls to the kubelet by resource and result.",
+            ["resource", "result"],
+            registry=r,
         )
         self.kubelet_restarts = Counter(
             "colad_kubelet_restarts", "Times a new kubelet.sock was seen (a kubelet restart).", registry=r
         )
         self.server_restarts = Counter(
-            "colad_plugin_server_restarts", "Times the gRPC server was started on a new socket, by reason.",
-            ["reason"], registry=r,
+            "colad_plugin_server_restarts",
+            "Times the gRPC server was started on a new socket, by reason.",
+            ["resource", "reason"],
+            registry=r,
         )
-        self.streams = Gauge("colad_list_and_watch_streams", "Open ListAndWatch streams.", registry=r)
-        self.registered = Gauge("colad_registered", "1 while registered with the kubelet, else 0.", registry=r)
+        self.streams = Gauge(
+            "colad_list_and_watch_streams", "Open ListAndWatch streams, by resource.", ["resource"], registry=r
+        )
+        self.registered = Gauge(
+            "colad_registered",
+            "1 while the resource is registered with the kubelet, else 0.",
+            ["resource"],
+            registry=r,
+        )
         self.last_registration = Gauge(
-            "colad_last_registration_timestamp_seconds", "Unix time of the last successful Register.", registry=r
+            "colad_last_registration_timestamp_seconds",
+            "Unix time of the last successful Register, by resource.",
+            ["resource"],
+            registry=r,
         )
         Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
-        for health in (constants.HEALTHY, constants.UNHEALTHY):
-            self.devices.labels(health).set(0)
-        for result in ALLOCATE_RESULTS:
-            self.allocate_requests.labels(result)
-        for result in ("success", "failure"):
-            self.registrations.labels(result)
-        for reason in SERVER_RESTART_REASONS:
-            self.server_restarts.labels(reason)
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.peers = Peers()
         r.register(PeerCollector(self.peers, lambda: dict(self.queue_events)))
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
+        # The in-use view from the kubelet's PodResources API (podresources.py).
+        self.pod_resources_up = Gauge(
+            "colad_pod_resources_up", "1 while the kubelet's PodResources List answers, else 0.", registry=r
+        )
+        self.devices_in_use = Gauge(
+            "colad_devices_in_use",
+            "Physical devices held by at least one container, by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.device_holder_info = Gauge(
+            "colad_device_holder_info",
+            "1 for each container that holds a device (off with metrics_per_device = false).",
+            ["resource", "device_id", "namespace", "pod", "container"],
+            registry=r,
+        )
 
-    def allocated(self, device_ids: Iterable[str]) -> None:
+    def add_resource(self, resource: str) -> None:
+        """Create every series of a resource at zero, so dashboards and alerts see it from the start."""
+        for health in (constants.HEALTHY, constants.UNHEALTHY):
+            self.devices.labels(resource, health).set(0)
+        for result in ALLOCATE_RESULTS:
+            self.allocate_requests.labels(resource, result)
+        for result in ("success", "failure"):
+            self.registrations.labels(resource, result)
+        for reason in SERVER_RESTART_REASONS:
+            self.server_restarts.labels(resource, reason)
+        self.allocated_devices.labels(resource)
+        self.device_set_changes.labels(resource)
+        self.streams.labels(resource).set(0)
+        self.registered.labels(resource).set(0)
+
+    def remove_resource(self, resource: str) -> None:
+        """Drop every series of a resource a reload removed."""
+        for family in (
+            self.devices,
+            self.allocate_requests,
+            self.registrations,
+            self.server_restarts,
+            self.allocated_devices,
+            self.device_set_changes,
+            self.streams,
+            self.registered,
+            self.last_registration,
+            self.device_allocations,
+        ):
+            for labels in list(family._metrics):  # noqa: SLF001 - no public listing in 0.16
+                if labels[0] == resource:
+                    family.remove(*labels)
+
+    def allocated(self, resource: str, device_ids: Iterable[str]) -> None:
         ids = list(device_ids)
-        self.allocate_requests.labels("success").inc()
-        self.allocated_devices.inc(len(ids))
+        self.allocate_requests.labels(resource, "success").inc()
+        self.allocated_devices.labels(resource).inc(len(ids))
         if self.per_device:
             for device_id in ids:
-                self.device_allocations.labels(device_id).inc()
+                self.device_allocations.labels(resource, device_id).inc()
 
-    def forget_devices(self, present: set[str]) -> None:
+    def forget_devices(self, resource: str, present: set[str]) -> None:
         """Drop per-device series of devices that are gone, so labels stay bounded by the device count."""
         if not self.per_device:
             return
         for labels in list(self.device_allocations._metrics):  # noqa: SLF001 - no public listing in 0.16
-            if labels[0] not in present:
+            if labels[0] == resource and labels[1] not in present:
                 self.device_allocations.remove(*labels)
+
+    def set_in_use(self, up: bool, counts: dict[str, int], holders: Iterable[tuple[str, str, str, str, str]]) -> None:
+        """Publish the in-use view; series of gone resources and holders are removed (labels stay bounded).
+
+        `holders` are (resource, device_id, namespace, pod, container); while the view is down pass
+        empty `counts` and `holders`: unknown is absent, not zero.
+        """
+        self.pod_resources_up.set(1 if up else 0)
+        for labels in list(self.devices_in_use._metrics):  # noqa: SLF001 - no public listing in 0.16
+            if labels[0] not in counts:
+                self.devices_in_use.remove(*labels)
+        for resource, count in counts.items():
+            self.devices_in_use.labels(resource).set(count)
+        wanted = set(holders) if self.per_device else set()
+        for labels in list(self.device_holder_info._metrics):  # noqa: SLF001
+            if labels not in wanted:
+                self.device_holder_info.remove(*labels)
+        for labels in wanted:
+            self.device_holder_info.labels(*labels).set(1)
 
 
 def _versions() -> dict[str, str]:

@@ -1,11 +1,13 @@
-"""Role `colad plugin`: serves the DevicePlugin API to the kubelet and keeps it registered.
+"""Role `colad plugin`: serves the DevicePlugin API to the kubelet and keeps each resource registered.
 
 Reads: DeviceSnapshots and KubeletStates from the local queue (it owns the
 queue socket), and, to verify what the watcher reports, stat() of its own
-socket and of kubelet.sock. Writes: its gRPC socket in the kubelet directory,
-Register calls to kubelet.sock, and a small state file for `colad status`.
-One thread owns the life cycle (an explicit State enum, every transition
-logged with its reason); gRPC and queue threads only post events to it.
+sockets and of kubelet.sock. Writes: one gRPC socket per resource in the
+kubelet directory, Register calls to kubelet.sock, and a small state file for
+`colad status`. One thread owns the life cycle: a `Registration` per resource
+(an explicit State enum, every transition logged with its reason); gRPC and
+queue threads only post events to it. SIGHUP reloads the config: resources
+added, removed or changed, the others left registered as they are.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from colad import config as config_mod
-from colad import constants, log, messages, proc
-from colad.config import Config
+from colad import constants, devices, log, messages, proc
+from colad.config import Config, Resource
 from colad.devices import DeviceSet
-from colad.errors import InstanceError
+from colad.errors import ConfigError, InstanceError
 from colad.kubelet_watch import plugin_sockets as _colad_sockets
 from colad.kubelet_watch import socket_identity
 from colad.metrics import Metrics, MetricsServer
+from colad.podresources import InUseWatcher
 from colad.queue import Peer, QueueServer, claim_socket_path
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 
@@ -37,11 +40,12 @@ LOG = log.get(__name__)
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 INITIAL_DEVICES_WAIT = 3.0  # registering with an empty list would zero allocatable for a moment
-SAFETY_CHECK_INTERVAL = 5.0  # stat our socket and kubelet.sock even if the watcher is silent
+SAFETY_CHECK_INTERVAL = 5.0  # stat our sockets and kubelet.sock even if the watcher is silent
 STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
 STREAM_EXPECTED_WITHIN = 10.0
 CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let supervisord restart us
 DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
+MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not serve (yet): a reload may add them
 
 
 class State(enum.Enum):
@@ -57,126 +61,91 @@ class _Event:
     kind: str
     payload: Any = None
     generation: int = -1
+    resource: str = ""
 
 
-class Plugin:
-    def __init__(
-        self,
-        cfg: Config,
-        *,
-        broadcast: DeviceBroadcast | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self.cfg = cfg
-        self.clock = clock
-        self.wall = wall
-        self.broadcast = broadcast or DeviceBroadcast()
-        self.metrics = Metrics(per_device=cfg.metrics_per_device)
-        self.metrics_server = (
-            MetricsServer(self.metrics, cfg.metrics_address, self.health) if cfg.metrics_address else None
-        )
-        self.events: queue.Queue[_Event] = queue.Queue()
-        self.queue: QueueServer | None = None
+class Registration:
+    """One resource's registration: its server and socket, Register calls, back-off and streams.
+
+    Runs on the plugin's lifecycle thread only; `broadcast` is what its
+    ListAndWatch streams follow (the queue thread updates it directly).
+    """
+
+    def __init__(self, plugin: Plugin, resource: Resource) -> None:
+        self.plugin = plugin
+        self.resource = resource
+        self.name = resource.name
+        self.broadcast = DeviceBroadcast()
         self.state = State.STARTING
         self.generation = 0
         self.server: Any = None
         self.socket_path: str | None = None
         self.call: RegisterCall | None = None
         self.kubelet_identity = ""  # kubelet.sock we registered with
-        self.seen_identity: str | None = None  # the last kubelet.sock we saw, to count restarts
         self.backoff = BACKOFF_MIN
         self.retry_at: float | None = None
         self.retry_fresh = False
         self.stream_check_at: float | None = None
-        self.next_safety_check = 0.0
         self.streams: dict[int, int] = {}
         self.have_devices = False
         self.last_error = ""
-        self.since = wall()
-        self.errors: list[float] = []
-        self.started = clock()
+        self.since = plugin.wall()
+        self.started = plugin.clock()
         self.draining = False
         self.drained = threading.Event()
+        plugin.metrics.add_resource(self.name)
 
-    # Called from other threads: only post events (and bump counters).
-    def _on_message(self, message: messages.Message, peer: Peer) -> None:
-        self.metrics.queue_events["received"] += 1
-        if isinstance(message, messages.Stats):
-            self.metrics.peers.update(message.role, peer.pid, message.counters)
-            return
-        role = "discovery" if isinstance(message, messages.DeviceSnapshot) else "kubelet-watch"
-        self.metrics.peers.update(role, peer.pid)
-        changed = False
-        if isinstance(message, messages.DeviceSnapshot):
-            # Straight to the streams from this thread: the lifecycle thread's bookkeeping
-            # (metrics, log, state file) is not on the path of a change to the kubelet.
-            changed = self.broadcast.update(message.devices)
-        self.events.put(_Event("message", (message, changed)))
-
-    def _on_reject(self, reason: str) -> None:
-        self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
-
-    def health(self) -> tuple[bool, str]:
-        """For /healthz: registered with a live ListAndWatch stream, or why not (one line)."""
-        state, streams = self.state, self.live_streams()
-        if state is State.REGISTERED and streams > 0:
-            return True, f"ok: registered as {self.cfg.resource_name}, {len(self.broadcast.devices)} devices"
-        if state is State.REGISTERED:
-            return False, "registered, but the kubelet holds no live ListAndWatch stream"
-        return False, f"not registered: {state.value}" + (f" ({self.last_error})" if self.last_error else "")
-
-    def _stream_events(self) -> StreamEvents:
-        return StreamEvents(
-            opened=lambda g: self.events.put(_Event("stream", +1, g)),
-            closed=lambda g: self.events.put(_Event("stream", -1, g)),
-            sent=self._on_sent,
-        )
-
-    def _on_sent(self, generation: int, devices: int) -> None:
-        LOG.debug("ListAndWatch sent", generation=generation, devices=devices)
-        if devices == 0 and self.draining:
-            self.drained.set()
-
-    def stop(self) -> None:
-        self.events.put(_Event("stop"))
-
-    # The life cycle, on the owning thread.
-    def transition(self, state: State, reason: str, **fields: object) -> None:
-        if state != self.state:
-            LOG.info("plugin state", state=state.value, previous=self.state.value, reason=reason, **fields)
-            self.state = state
-            self.since = self.wall()
-        self.write_state()
+    @property
+    def cfg(self) -> Config:
+        return self.plugin.cfg
 
     def live_streams(self) -> int:
         return self.streams.get(self.generation, 0)
 
-    def write_state(self) -> None:
-        devices = self.broadcast.devices
-        body = {
-            "pid": os.getpid(),
+    def transition(self, state: State, reason: str, **fields: object) -> None:
+        if state != self.state:
+            LOG.info(
+                "plugin state",
+                resource=self.name,
+                state=state.value,
+                previous=self.state.value,
+                reason=reason,
+                **fields,
+            )
+            self.state = state
+            self.since = self.plugin.wall()
+        self.plugin.write_state()
+
+    def summary(self) -> dict[str, object]:
+        advertised = self.broadcast.devices
+        return {
+            "name": self.name,
+            "device_dir": self.resource.device_dir,
+            "replicas": self.resource.replicas,
             "state": self.state.value,
             "registered": self.state is State.REGISTERED,
-            "resource_name": self.cfg.resource_name,
             "endpoint": os.path.basename(self.socket_path) if self.socket_path else "",
-            "devices": len(devices),
-            "healthy": devices.count(constants.HEALTHY),
+            "devices": len(advertised),
+            "healthy": advertised.count(constants.HEALTHY),
             "streams": self.live_streams(),
             "since": self.since,
             "last_error": self.last_error,
-            "metrics_address": self.metrics_server.bound if self.metrics_server else "",
         }
-        tmp = self.cfg.plugin_state_file + ".tmp"
-        try:
-            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(body, handle)
-            os.replace(tmp, self.cfg.plugin_state_file)
-        except OSError as exc:
-            LOG.warning("state file not written", path=self.cfg.plugin_state_file, error=exc)
 
-    def _stop_server(self) -> None:
+    def _stream_events(self) -> StreamEvents:
+        post = self.plugin.events.put
+        return StreamEvents(
+            opened=lambda g: post(_Event("stream", +1, g, self.name)),
+            closed=lambda g: post(_Event("stream", -1, g, self.name)),
+            sent=self._on_sent,
+        )
+
+    def _on_sent(self, generation: int, count: int) -> None:
+        LOG.debug("ListAndWatch sent", resource=self.name, generation=generation, devices=count)
+        if count == 0 and self.draining:
+            self.drained.set()
+
+    def stop_server(self) -> None:
         self.broadcast.close_generation(self.generation)
         if self.server is not None:
             self.server.stop(grace=0).wait(5)
@@ -190,32 +159,37 @@ class Plugin:
 
     def _serve(self, cause: str) -> None:
         """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
-        self.metrics.server_restarts.labels(cause).inc()
-        self._stop_server()
+        metrics = self.plugin.metrics
+        metrics.server_restarts.labels(self.name, cause).inc()
+        self.stop_server()
         self.generation += 1
         os.makedirs(self.cfg.kubelet_dir, mode=0o750, exist_ok=True)
-        stamp = int(self.wall() * 1000)
+        stamp = int(self.plugin.wall() * 1000)
         while True:
             name = f"{constants.PLUGIN_SOCKET_PREFIX}{stamp}{constants.PLUGIN_SOCKET_SUFFIX}"
             path = os.path.join(self.cfg.kubelet_dir, name)
-            if not os.path.lexists(path):
+            if not os.path.lexists(path) and path not in self.plugin.socket_paths():
                 break
             stamp += 1
-        servicer = DevicePluginServicer(self.broadcast, self.generation, self._stream_events(), self.metrics)
+        servicer = DevicePluginServicer(
+            self.broadcast,
+            self.generation,
+            self._stream_events(),
+            metrics,
+            self.name,
+            lambda: self.resource.replica_policy,
+        )
         server = build_server(servicer, path)
         server.start()
         self.server, self.socket_path = server, path
-        LOG.info("serving", endpoint=name, generation=self.generation)
+        LOG.info("serving", resource=self.name, endpoint=name, generation=self.generation)
 
     def register(self, reason: str, cause: str, *, fresh_server: bool = False) -> None:
         """Serve (if needed) and send Register: the single path every trigger takes.
 
         `cause` is the bounded reason label for colad_plugin_server_restarts_total.
         """
-        if self.call is not None:
-            self.call.cancel()
-            self.call.close()
-            self.call = None
+        self.cancel_call()
         self.retry_at = None
         try:
             if fresh_server or self.socket_path is None or not os.path.exists(self.socket_path):
@@ -231,17 +205,24 @@ class Plugin:
         endpoint = os.path.basename(self.socket_path)
         self.transition(State.REGISTERING, reason, endpoint=endpoint)
         generation = self.generation
-        call = RegisterCall(self.cfg.kubelet_socket, endpoint, self.cfg.resource_name, self.cfg.register_timeout)
+        call = RegisterCall(self.cfg.kubelet_socket, endpoint, self.name, self.cfg.register_timeout)
         self.call = call
-        call.add_done_callback(lambda: self.events.put(_Event("registered", call, generation)))
+        call.add_done_callback(lambda: self.plugin.events.put(_Event("registered", call, generation, self.name)))
+
+    def cancel_call(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+            self.call.close()
+            self.call = None
 
     def _failed(self, error: str, *, fresh_server: bool = False) -> None:
+        metrics = self.plugin.metrics
         self.retry_fresh = fresh_server
-        self.metrics.registrations.labels("failure").inc()
-        self.metrics.registered.set(0)
+        metrics.registrations.labels(self.name, "failure").inc()
+        metrics.registered.labels(self.name).set(0)
         self.last_error = error
-        self.retry_at = self.clock() + self.backoff
-        LOG.warning("register failed", error=error, retry_in=f"{self.backoff:.2f}s")
+        self.retry_at = self.plugin.clock() + self.backoff
+        LOG.warning("register failed", resource=self.name, error=error, retry_in=f"{self.backoff:.2f}s")
         self.backoff = min(self.backoff * 2, BACKOFF_MAX)
         self.transition(State.BACKOFF, error)
 
@@ -259,19 +240,214 @@ class Plugin:
             # so that a late one dials a socket that is gone instead of opening a second stream.
             self._failed(error, fresh_server=late)
             return
+        metrics = self.plugin.metrics
         self.backoff = BACKOFF_MIN
         self.last_error = ""
-        self.metrics.registrations.labels("success").inc()
-        self.metrics.registered.set(1)
-        self.metrics.last_registration.set(self.wall())
-        self.stream_check_at = self.clock() + STREAM_EXPECTED_WITHIN
+        metrics.registrations.labels(self.name, "success").inc()
+        metrics.registered.labels(self.name).set(1)
+        metrics.last_registration.labels(self.name).set(self.plugin.wall())
+        self.stream_check_at = self.plugin.clock() + STREAM_EXPECTED_WITHIN
         LOG.info(
             "register to kubelet successfully",
-            resource=self.cfg.resource_name,
+            resource=self.name,
             endpoint=os.path.basename(self.socket_path or ""),
         )
         self.transition(State.REGISTERED, "kubelet accepted")
 
+    def check_kubelet(self, identity: str, reason: str) -> None:
+        """Register again if kubelet.sock is new or our socket is gone (verified by stat())."""
+        if self.state is State.STARTING:
+            return
+        if identity and identity != self.kubelet_identity:
+            self.backoff = BACKOFF_MIN
+            self.register(f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh_server=True)
+        elif self.socket_path is None or not os.path.exists(self.socket_path):
+            self.register(f"plugin socket removed ({reason})", "socket_removed", fresh_server=True)
+
+    def on_devices(self, physical: DeviceSet, changed: bool, seq: int, dir_present: bool) -> None:
+        """Bookkeeping after the queue thread updated the broadcast (metrics, log, state file)."""
+        first = not self.have_devices
+        self.have_devices = True
+        metrics = self.plugin.metrics
+        if changed:
+            metrics.device_set_changes.labels(self.name).inc()
+        if changed or first:
+            advertised = self.broadcast.devices
+            for health in (constants.HEALTHY, constants.UNHEALTHY):
+                metrics.devices.labels(self.name, health).set(advertised.count(health))
+            metrics.forget_devices(self.name, set(advertised.ids))
+            LOG.info(
+                "devices updated",
+                resource=self.name,
+                devices=len(physical),
+                advertised=len(advertised),
+                unhealthy=physical.count(constants.UNHEALTHY),
+                seq=seq,
+                dir_present=dir_present,
+            )
+            self.plugin.write_state()
+        if first and self.state is State.STARTING:
+            self.register("start", "start")
+
+    def on_stream(self, event: _Event) -> None:
+        self.streams[event.generation] = self.streams.get(event.generation, 0) + event.payload
+        if self.streams[event.generation] <= 0:
+            del self.streams[event.generation]
+        self.plugin.metrics.streams.labels(self.name).set(sum(self.streams.values()))
+        if event.generation != self.generation:
+            return
+        if event.payload > 0:
+            self.stream_check_at = None
+        elif self.state is State.REGISTERED and self.live_streams() == 0:
+            self.stream_check_at = self.plugin.clock() + STREAM_GRACE
+        self.plugin.write_state()
+
+    def on_timer(self, now: float) -> None:
+        if self.state is State.STARTING and now >= self.started + INITIAL_DEVICES_WAIT:
+            LOG.warning(
+                "no device snapshot yet; registering anyway", resource=self.name, waited=f"{INITIAL_DEVICES_WAIT}s"
+            )
+            self.register("start", "start")
+        if self.retry_at is not None and now >= self.retry_at:
+            self.register("retry", "register_retry", fresh_server=self.retry_fresh)
+        if self.stream_check_at is not None and now >= self.stream_check_at:
+            self.stream_check_at = None
+            if self.state is State.REGISTERED and self.live_streams() == 0:
+                self.register("no live ListAndWatch stream", "stream_lost", fresh_server=True)
+
+    def due(self) -> list[float]:
+        due = [m for m in (self.retry_at, self.stream_check_at) if m is not None]
+        if self.state is State.STARTING:
+            due.append(self.started + INITIAL_DEVICES_WAIT)
+        return due
+
+    def begin_withdraw(self) -> bool:
+        """Send the kubelet an empty list (shutdown or removal); True when a stream will carry it."""
+        if self.state is not State.REGISTERED or self.live_streams() == 0:
+            return False
+        self.draining = True
+        self.broadcast.update(DeviceSet())
+        return True
+
+    def close(self) -> None:
+        self.cancel_call()
+        self.stop_server()
+        self.plugin.metrics.registered.labels(self.name).set(0)
+        self.transition(State.STOPPED, "shutdown")
+
+
+class Plugin:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.wall = wall
+        self.metrics = Metrics(per_device=cfg.metrics_per_device)
+        self.metrics_server = (
+            MetricsServer(self.metrics, cfg.metrics_address, self.health) if cfg.metrics_address else None
+        )
+        self.events: queue.Queue[_Event] = queue.Queue()
+        self.queue: QueueServer | None = None
+        self.registrations: dict[str, Registration] = {}
+        # The latest physical device set per resource, also for resources not (yet) served:
+        # discovery may reload before the plugin does. Read and written on the queue thread,
+        # read on the lifecycle thread when a reload adds a resource.
+        self.snapshots: dict[str, messages.DeviceSnapshot] = {}
+        self.snapshots_lock = threading.Lock()
+        self.seen_identity: str | None = None  # the last kubelet.sock we saw, to count restarts
+        self.next_safety_check = 0.0
+        self.errors: list[float] = []
+        self.started = clock()
+        self.last_reload: dict[str, object] = {}
+        for resource in cfg.resources:
+            self.registrations[resource.name] = Registration(self, resource)
+        # Who holds which device, from the kubelet's PodResources API; reads self.cfg, so a reload counts.
+        self.inuse = InUseWatcher(cfg, self.metrics, lambda: {r.name for r in self.cfg.resources})
+
+    # Called from other threads: only post events (and bump counters).
+    def _on_message(self, message: messages.Message, peer: Peer) -> None:
+        self.metrics.queue_events["received"] += 1
+        if isinstance(message, messages.Stats):
+            self.metrics.peers.update(message.role, peer.pid, message.counters)
+            return
+        role = "discovery" if isinstance(message, messages.DeviceSnapshot) else "kubelet-watch"
+        self.metrics.peers.update(role, peer.pid)
+        changed = False
+        if isinstance(message, messages.DeviceSnapshot):
+            with self.snapshots_lock:
+                if message.resource in self.snapshots or len(self.snapshots) < MAX_PENDING_SNAPSHOTS:
+                    self.snapshots[message.resource] = message
+                registration = self.registrations.get(message.resource)
+                # Straight to the streams from this thread: the lifecycle thread's bookkeeping
+                # (metrics, log, state file) is not on the path of a change to the kubelet.
+                if registration is not None:
+                    changed = self._advertise(registration, message.devices)
+        self.events.put(_Event("message", (message, changed), resource=getattr(message, "resource", "")))
+
+    @staticmethod
+    def _advertise(registration: Registration, physical: DeviceSet) -> bool:
+        return registration.broadcast.update(devices.replicate(physical, registration.resource.replicas))
+
+    def _on_reject(self, reason: str) -> None:
+        self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
+
+    def health(self) -> tuple[bool, str]:
+        """For /healthz: every resource registered with a live ListAndWatch stream, or why not (one line)."""
+        registrations = list(self.registrations.values())
+        for r in registrations:
+            if r.state is State.REGISTERED and r.live_streams() == 0:
+                return False, f"{r.name}: registered, but the kubelet holds no live ListAndWatch stream"
+            if r.state is not State.REGISTERED:
+                error = f" ({r.last_error})" if r.last_error else ""
+                return False, f"{r.name}: not registered: {r.state.value}{error}"
+        parts = [f"{r.name}, {len(r.broadcast.devices)} devices" for r in registrations]
+        return True, "ok: registered as " + "; ".join(parts)
+
+    def stop(self) -> None:
+        self.events.put(_Event("stop"))
+
+    def reload_requested(self) -> None:
+        self.events.put(_Event("reload"))
+
+    def socket_paths(self) -> set[str]:
+        return {r.socket_path for r in self.registrations.values() if r.socket_path}
+
+    def write_state(self) -> None:
+        resources = [r.summary() for r in self.registrations.values()]
+        first = resources[0] if resources else {}
+        registered = bool(resources) and all(r["registered"] for r in resources)
+        waiting = next((r for r in resources if not r["registered"]), first)
+        body = {
+            "pid": os.getpid(),
+            "state": waiting.get("state", State.STOPPED.value),
+            "registered": registered,
+            "resource_name": first.get("name", ""),
+            "endpoint": first.get("endpoint", ""),
+            "devices": sum(int(str(r["devices"])) for r in resources),
+            "healthy": sum(int(str(r["healthy"])) for r in resources),
+            "streams": sum(int(str(r["streams"])) for r in resources),
+            "since": waiting.get("since", self.wall()),
+            "last_error": waiting.get("last_error", ""),
+            "metrics_address": self.metrics_server.bound if self.metrics_server else "",
+            "resources": resources,
+            "config_file": self.cfg.config_file,
+            "reload": self.last_reload,
+        }
+        tmp = self.cfg.plugin_state_file + ".tmp"
+        try:
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(body, handle)
+            os.replace(tmp, self.cfg.plugin_state_file)
+        except OSError as exc:
+            LOG.warning("state file not written", path=self.cfg.plugin_state_file, error=exc)
+
+    # The life cycle, on the owning thread.
     def check_queue(self) -> None:
         if self.queue is None or not self.queue.intact():
             if self.queue is not None:
@@ -286,75 +462,101 @@ class Plugin:
     def check_kubelet(self, reason: str) -> None:
         """Verify by stat() what the watcher (or the safety timer) suggests."""
         self.next_safety_check = self.clock() + SAFETY_CHECK_INTERVAL
-        if self.state is State.STARTING:
-            return
         identity = socket_identity(self.cfg.kubelet_socket)
         if identity and identity != self.seen_identity:
             if self.seen_identity is not None:
                 self.metrics.kubelet_restarts.inc()
             self.seen_identity = identity
-        if identity and identity != self.kubelet_identity:
-            self.backoff = BACKOFF_MIN
-            self.register(f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh_server=True)
-        elif self.socket_path is None or not os.path.exists(self.socket_path):
-            self.register(f"plugin socket removed ({reason})", "socket_removed", fresh_server=True)
+        for registration in list(self.registrations.values()):
+            registration.check_kubelet(identity, reason)
 
     def on_message(self, message: messages.Message, changed: bool) -> None:
         if isinstance(message, messages.DeviceSnapshot):
-            first = not self.have_devices
-            self.have_devices = True
-            if changed:
-                self.metrics.device_set_changes.inc()
-            if changed or first:
-                self.metrics.devices.labels(constants.HEALTHY).set(message.devices.count(constants.HEALTHY))
-                self.metrics.devices.labels(constants.UNHEALTHY).set(message.devices.count(constants.UNHEALTHY))
-                self.metrics.forget_devices(set(message.devices.ids))
-                LOG.info(
-                    "devices updated", devices=len(message.devices), seq=message.seq, dir_present=message.dir_present
-                )
-                self.write_state()
-            if first and self.state is State.STARTING:
-                self.register("start", "start")
+            registration = self.registrations.get(message.resource)
+            if registration is None:
+                LOG.debug("snapshot for a resource not served (yet)", resource=message.resource)
+                return
+            registration.on_devices(message.devices, changed, message.seq, message.dir_present)
         else:
             self.check_kubelet("watcher")
 
-    def on_stream(self, event: _Event) -> None:
-        self.streams[event.generation] = self.streams.get(event.generation, 0) + event.payload
-        if self.streams[event.generation] <= 0:
-            del self.streams[event.generation]
-        self.metrics.streams.set(sum(self.streams.values()))
-        if event.generation != self.generation:
-            return
-        if event.payload > 0:
-            self.stream_check_at = None
-        elif self.state is State.REGISTERED and self.live_streams() == 0:
-            self.stream_check_at = self.clock() + STREAM_GRACE
-        self.write_state()
-
     def on_timer(self) -> None:
         now = self.clock()
-        if self.state is State.STARTING and now >= self.started + INITIAL_DEVICES_WAIT:
-            LOG.warning("no device snapshot yet; registering anyway", waited=f"{INITIAL_DEVICES_WAIT}s")
-            self.register("start", "start")
-        if self.retry_at is not None and now >= self.retry_at:
-            self.register("retry", "register_retry", fresh_server=self.retry_fresh)
-        if self.stream_check_at is not None and now >= self.stream_check_at:
-            self.stream_check_at = None
-            if self.state is State.REGISTERED and self.live_streams() == 0:
-                self.register("no live ListAndWatch stream", "stream_lost", fresh_server=True)
+        for registration in list(self.registrations.values()):
+            registration.on_timer(now)
         if now >= self.next_safety_check:
             self.check_queue()
             self.check_kubelet("periodic")
 
     def next_timeout(self) -> float:
-        now = self.clock()
         due = [self.next_safety_check]
-        if self.state is State.STARTING:
-            due.append(self.started + INITIAL_DEVICES_WAIT)
-        for moment in (self.retry_at, self.stream_check_at):
-            if moment is not None:
-                due.append(moment)
-        return max(0.0, min(due) - now)
+        for registration in self.registrations.values():
+            due.extend(registration.due())
+        return max(0.0, min(due) - self.clock())
+
+    def reload(self) -> None:
+        """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one.
+
+        A resource whose settings did not change keeps its registration, socket
+        and streams untouched; a removed one withdraws its devices first.
+        """
+        try:
+            new = config_mod.load()
+        except ConfigError as exc:
+            LOG.error("reload refused; the running config stays", reason=str(exc))
+            self.last_reload = {"at": self.wall(), "ok": False, "reason": str(exc)}
+            self.write_state()
+            return
+        applied, deferred = config_mod.reload_plan(self.cfg, new)
+        for key in deferred:
+            LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(self.cfg, key))
+        log.set_level(applied.log_level)
+        self.cfg = applied
+        wanted = {r.name: r for r in applied.resources}
+        removed = [r for name, r in self.registrations.items() if name not in wanted]
+        self._withdraw(removed)
+        added, changed = [], []
+        with self.snapshots_lock:
+            registrations = {name: r for name, r in self.registrations.items() if name in wanted}
+            for name, resource in wanted.items():
+                current = registrations.get(name)
+                if current is None:
+                    registrations[name] = Registration(self, resource)
+                    added.append(name)
+                elif current.resource != resource:
+                    current.resource = resource  # same name: same socket and registration, new devices
+                    changed.append(name)
+                snapshot = self.snapshots.get(name)
+                if snapshot is not None and (current is None or current.resource == resource):
+                    self._advertise(registrations[name], snapshot.devices)
+            self.registrations = {name: registrations[name] for name in wanted}  # config order
+        for registration in removed:
+            registration.close()
+            self.metrics.remove_resource(registration.name)
+            LOG.info("resource removed", resource=registration.name)
+        for name in added + changed:
+            snapshot = self.snapshots.get(name)
+            if snapshot is not None:
+                self.registrations[name].on_devices(snapshot.devices, True, snapshot.seq, snapshot.dir_present)
+        unchanged = len(wanted) - len(added) - len(changed)
+        LOG.info(
+            "config reloaded",
+            added=",".join(added) or "-",
+            removed=",".join(r.name for r in removed) or "-",
+            changed=",".join(changed) or "-",
+            unchanged=unchanged,
+            deferred=",".join(deferred) or "-",
+        )
+        self.last_reload = {
+            "at": self.wall(),
+            "ok": True,
+            "reason": "",
+            "added": added,
+            "removed": [r.name for r in removed],
+            "changed": changed,
+            "deferred": list(deferred),
+        }
+        self.write_state()
 
     def start_queue(self, reason: str) -> None:
         """(Re)listen on the queue socket; on failure log one clear line and retry on the safety timer."""
@@ -396,7 +598,10 @@ class Plugin:
         self.claim_instance()
         if self.metrics_server is not None:
             self.metrics_server.start()
+        self.inuse.start()
         self.started = self.clock()
+        for registration in self.registrations.values():
+            registration.started = self.started
         self.next_safety_check = self.started + SAFETY_CHECK_INTERVAL
         self.write_state()
         try:
@@ -419,12 +624,19 @@ class Plugin:
         return 0
 
     def handle(self, event: _Event) -> None:
+        registration = self.registrations.get(event.resource)
         if event.kind == "message":
             self.on_message(*event.payload)
+        elif event.kind == "reload":
+            self.reload()
         elif event.kind == "registered":
-            self.on_registered(event)
+            if registration is not None:
+                registration.on_registered(event)
+            else:
+                event.payload.close()
         elif event.kind == "stream":
-            self.on_stream(event)
+            if registration is not None:
+                registration.on_stream(event)
         self.on_timer()
 
     def _over_budget(self) -> bool:
@@ -433,31 +645,29 @@ class Plugin:
         self.errors = [t for t in self.errors if now - t < window] + [now]
         return len(self.errors) > count
 
-    def withdraw_devices(self) -> None:
-        """Tell the kubelet the devices are gone (an empty list) before the stream ends.
+    def _withdraw(self, registrations: list[Registration]) -> None:
+        """Tell the kubelet these resources' devices are gone (an empty list) before their streams end.
 
         Otherwise a stopped plugin leaves its devices advertised (as unhealthy) for the
-        kubelet's 5-minute grace period. Bounded: shutdown never waits more than a second.
+        kubelet's 5-minute grace period. Bounded: never waits more than a second in all.
         """
-        if self.state is not State.REGISTERED or self.live_streams() == 0:
-            return
-        self.draining = True
-        self.broadcast.update(DeviceSet())
-        if self.drained.wait(DRAIN_TIMEOUT):
-            LOG.info("told the kubelet the devices are gone", resource=self.cfg.resource_name)
-        else:
-            LOG.warning("empty device list not confirmed sent", waited=f"{DRAIN_TIMEOUT}s")
+        waiting = [r for r in registrations if r.begin_withdraw()]
+        deadline = self.clock() + DRAIN_TIMEOUT
+        for registration in waiting:
+            if registration.drained.wait(max(0.0, deadline - self.clock())):
+                LOG.info("told the kubelet the devices are gone", resource=registration.name)
+            else:
+                LOG.warning(
+                    "empty device list not confirmed sent", resource=registration.name, waited=f"{DRAIN_TIMEOUT}s"
+                )
 
     def shutdown(self) -> None:
-        if self.call is not None:
-            self.call.cancel()
-            self.call.close()
-        self.withdraw_devices()
-        self._stop_server()
+        self.inuse.stop()
+        self._withdraw(list(self.registrations.values()))
+        for registration in self.registrations.values():
+            registration.close()
         if self.queue is not None:
             self.queue.stop()
-        self.metrics.registered.set(0)
-        self.transition(State.STOPPED, "shutdown")
         if self.metrics_server is not None:
             self.metrics_server.stop()
         LOG.info("plugin stopped")
@@ -471,16 +681,26 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     # a handler runs on the lifecycle thread and could re-enter its event queue's
     # lock. Blocked here, before gRPC starts its threads, so they inherit the mask.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    handled = stop_signals | {signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     plugin = Plugin(cfg)
 
     def wait_for_signal() -> None:
-        signum = signal.sigwait(stop_signals)
-        LOG.info("signal received", signal=signal.Signals(signum).name)
-        plugin.stop()
+        while True:
+            signum = signal.sigwait(handled)
+            LOG.info("signal received", signal=signal.Signals(signum).name)
+            if signum in stop_signals:
+                plugin.stop()
+                return
+            plugin.reload_requested()
 
     threading.Thread(target=wait_for_signal, name="signals", daemon=True).start()
-    LOG.info("plugin starting", resource=cfg.resource_name, kubelet_dir=cfg.kubelet_dir, queue=cfg.queue_socket)
+    LOG.info(
+        "plugin starting",
+        resources=",".join(r.name for r in cfg.resources),
+        kubelet_dir=cfg.kubelet_dir,
+        queue=cfg.queue_socket,
+    )
     try:
         return plugin.run()
     except InstanceError as exc:

@@ -229,11 +229,11 @@ class QueueServer:
 
 
 class QueueClient:
-    """Publishes the latest message of each type to the plugin, reconnecting as needed.
+    """Publishes the latest message of each stream (message `key`) to the plugin, reconnecting as needed.
 
-    Only the newest message of a type matters (they are snapshots), so one that
+    Only the newest message of a stream matters (they are snapshots), so one that
     could not be sent is simply replaced by the next; after every reconnect the
-    latest of each type is sent again, so a restarted plugin resyncs at once.
+    latest of each stream is sent again, so a restarted plugin resyncs at once.
     Never blocks longer than `send_timeout`. `counters` feeds /metrics.
     """
 
@@ -257,18 +257,24 @@ class QueueClient:
         return self.sock.fileno() if self.sock else None
 
     def publish(self, message: messages.Message) -> None:
-        if message.type in self.unsent and message.type != "stats":
+        key = message.key  # one stream per key: each resource's snapshots, each role's stats
+        if key in self.unsent and message.type != "stats":
             self.counters["queue.dropped"] += 1  # superseded before it could be sent
-        self.latest[message.type] = message
-        self.unsent.add(message.type)
+        self.latest[key] = message
+        self.unsent.add(key)
         self.flush()
+
+    def withdraw(self, key: str) -> None:
+        """Stop (re)sending the stream `key`: its subject is gone (a resource removed by a reload)."""
+        self.latest.pop(key, None)
+        self.unsent.discard(key)
 
     def next_retry(self) -> float | None:
         """Monotonic time at which flush() wants another call, or None."""
         return None if self.sent or self.sock else self._retry_at
 
     def flush(self, *, now: float | None = None, force: bool = False) -> bool:
-        """Send the latest message of each type that has not reached the current connection yet."""
+        """Send the latest message of each stream that has not reached the current connection yet."""
         if not self.unsent:
             return True
         now = time.monotonic() if now is None else now
@@ -278,16 +284,17 @@ class QueueClient:
             if not self._connect(now):
                 return False
         assert self.sock is not None
-        for message_type in sorted(self.unsent):
+        for key in sorted(self.unsent):
+            message = self.latest[key]
             try:
-                self.sock.sendall(frame(self.latest[message_type]))
+                self.sock.sendall(frame(message))
             except OSError as exc:  # includes socket.timeout
                 LOG.warning("queue send failed", path=self.path, error=exc)
                 self.close()
                 self._retry_at = now
                 return False
-            self.unsent.discard(message_type)
-            if message_type != "stats":  # counting our own reports would make them never settle
+            self.unsent.discard(key)
+            if message.type != "stats":  # counting our own reports would make them never settle
                 self.counters["queue.sent"] += 1
         return True
 

@@ -19,7 +19,7 @@ import grpc
 from colad import allocation, constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.devices import DeviceSet
+from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError
 from colad.metrics import Metrics
 
@@ -87,8 +87,38 @@ class DeviceBroadcast:
             return self._version, self._devices
 
 
+def _device(d: Device) -> pb.Device:
+    if not d.numa_nodes:
+        return pb.Device(ID=d.device_id, health=d.health)
+    topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in d.numa_nodes])
+    return pb.Device(ID=d.device_id, health=d.health, topology=topology)
+
+
 def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
-    return pb.ListAndWatchResponse(devices=[pb.Device(ID=d.device_id, health=d.health) for d in devices])
+    return pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
+
+
+def to_container_response(result: allocation.ContainerAllocation) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=result.envs,
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in result.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(container_path=n.container_path, host_path=n.host_path, permissions=n.permissions)
+            for n in result.device_nodes
+        ],
+        annotations=result.annotations,
+        cdi_devices=[pb.CDIDevice(name=name) for name in result.cdi_devices],
+    )
+
+
+CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
+
+
+def _is_check(context: grpc.ServicerContext) -> bool:
+    return any(key == CHECK_METADATA for key, _value in (context.invocation_metadata() or ()))
 
 
 @dataclass
@@ -99,9 +129,19 @@ class StreamEvents:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, broadcast: DeviceBroadcast, generation: int, events: StreamEvents, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        broadcast: DeviceBroadcast,
+        generation: int,
+        events: StreamEvents,
+        metrics: Metrics,
+        resource: str = "myway5.com/cola",
+        policy: Callable[[], str] = lambda: "spread",
+    ) -> None:
         self.broadcast = broadcast
         self.metrics = metrics
+        self.resource = resource
+        self.policy = policy
         self.generation = generation
         self.events = events
         self._streams = 0
@@ -135,6 +175,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         started = time.perf_counter()
+        check = _is_check(context)
         try:
             devices = self.broadcast.devices
             # Validate every container first: a refusal must not leave half an answer counted.
@@ -144,14 +185,29 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 results = [allocation.allocate(devices, list(c.devices_ids)) for c in request.container_requests]
             except AllocationError as exc:
                 code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
-                self.metrics.allocate_requests.labels("not_found" if exc.not_found else "invalid").inc()
-                LOG.warning("allocate refused", reason=str(exc))
+                if check:
+                    self.metrics.check_allocations.inc()
+                else:
+                    self.metrics.allocate_requests.labels(
+                        self.resource, "not_found" if exc.not_found else "invalid"
+                    ).inc()
+                LOG.warning("allocate refused", resource=self.resource, reason=str(exc), check=check)
                 context.abort(code, str(exc))
-            response = pb.AllocateResponse()
+            response = pb.AllocateResponse(container_responses=[to_container_response(r) for r in results])
             for result in results:
-                response.container_responses.add(envs=result.envs)
-                self.metrics.allocated(result.device_ids)
-                LOG.info("allocate", devices=",".join(result.device_ids))
+                if check:
+                    self.metrics.check_allocations.inc()
+                else:
+                    self.metrics.allocated(self.resource, result.device_ids)
+                LOG.info(
+                    "allocate",
+                    resource=self.resource,
+                    devices=",".join(result.device_ids),
+                    device_nodes=len(result.device_nodes),
+                    mounts=len(result.mounts),
+                    cdi=len(result.cdi_devices),
+                    check=check,
+                )
             return response
         finally:
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
@@ -161,11 +217,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         with self.metrics.preferred_duration.time():
             response = pb.PreferredAllocationResponse()
+            devices, policy = self.broadcast.devices, self.policy()
             for container in request.container_requests:
                 chosen = allocation.preferred(
+                    devices,
                     list(container.available_deviceIDs),
                     list(container.must_include_deviceIDs),
                     container.allocation_size,
+                    policy,
                 )
                 response.container_responses.add(deviceIDs=chosen)
             return response

@@ -1,18 +1,21 @@
-"""`colad status`: each process' state, whether the plugin is registered, and the device count.
+"""`colad status`: each process' state, whether the plugin is registered, the device count, and who holds each device.
 
-Reads: supervisord's XML-RPC interface on <run_dir>/supervisor.sock and the
-plugin's state file. Writes: a table (or JSON) to stdout.
+Reads: supervisord's XML-RPC interface on <run_dir>/supervisor.sock, the
+plugin's state file and the in-use view (state/inuse.json, from podresources.py).
+Writes: a table (or JSON) to stdout. The in-use view never changes the exit code.
 Exit codes: 0 all running and registered; 1 running but degraded; 3 colad is not running.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import xmlrpc.client
 from typing import Any
 
+from colad import inuse
 from colad.config import Config
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
@@ -26,6 +29,38 @@ def supervisor_proxy(socket_path: str) -> Any:
 
 
 def collect(cfg: Config) -> dict[str, Any]:
+    report = _collect_processes(cfg)
+    report["in_use"] = read_in_use(cfg) if report["running"] else _in_use_unavailable("colad is not running")
+    return report
+
+
+def _in_use_unavailable(reason: str) -> dict[str, Any]:
+    return {"available": False, "reason": reason, "updated": None, "holders": []}
+
+
+def read_in_use(cfg: Config) -> dict[str, Any]:
+    """The plugin's in-use view, tolerant of a missing, partial or foreign file."""
+    path = os.path.join(cfg.run_dir, inuse.STATE_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except FileNotFoundError:
+        return _in_use_unavailable("no in-use view written yet")
+    except (OSError, ValueError) as exc:
+        return _in_use_unavailable(f"in-use view unreadable: {exc}")
+    if not isinstance(raw, dict):
+        return _in_use_unavailable("in-use view unreadable: not an object")
+    available = raw.get("available") is True
+    updated = raw.get("updated")
+    return {
+        "available": available,
+        "reason": str(raw.get("reason") or ("" if available else "unknown")),
+        "updated": updated if isinstance(updated, int | float) and not isinstance(updated, bool) else None,
+        "holders": inuse.parse_rows(raw.get("holders")) if available else [],
+    }
+
+
+def _collect_processes(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {"running": False, "processes": {}, "plugin": None, "problems": []}
     try:
         infos = supervisor_proxy(cfg.supervisor_socket).supervisor.getAllProcessInfo()
@@ -51,8 +86,17 @@ def collect(cfg: Config) -> dict[str, Any]:
         report["problems"].append("plugin state file is from an earlier plugin process")
         plugin["registered"] = False
     report["plugin"] = plugin
-    if not plugin.get("registered"):
+    resources = plugin.get("resources")
+    if isinstance(resources, list) and resources and plugin.get("pid") == plugin_pid:
+        for r in resources:
+            if isinstance(r, dict) and not r.get("registered"):
+                why = f"{r.get('state')}: {r.get('last_error') or '-'}"
+                report["problems"].append(f"{r.get('name')} not registered ({why})")
+    elif not plugin.get("registered"):
         report["problems"].append(f"plugin not registered ({plugin.get('state')}: {plugin.get('last_error') or '-'})")
+    reload = plugin.get("reload")
+    if isinstance(reload, dict) and reload.get("ok") is False:
+        report["problems"].append(f"last reload refused, the running config stays: {reload.get('reason')}")
     return report
 
 
@@ -62,16 +106,44 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{name:<15}{info['state']:<10}{info['pid']:>8}  {int(info['uptime'])}s")
     plugin = report.get("plugin")
     if plugin:
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(plugin.get("since", 0)))
-        lines.append("")
-        lines.append(f"resource:   {plugin.get('resource_name')}")
-        lines.append(f"registered: {'yes' if plugin.get('registered') else 'no'} ({plugin.get('state')} since {since})")
-        lines.append(f"endpoint:   {plugin.get('endpoint') or '-'}")
-        lines.append(f"devices:    {plugin.get('devices')} ({plugin.get('healthy')} healthy)")
-        lines.append(f"streams:    {plugin.get('streams')}")
+        resources = plugin.get("resources")
+        if not isinstance(resources, list):  # a state file from before [[resources]]
+            resources = [{**plugin, "name": plugin.get("resource_name")}]
+        for r in resources:
+            if not isinstance(r, dict):
+                continue
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.get("since", 0)))
+            lines.append("")
+            lines.append(f"resource:   {r.get('name')}")
+            lines.append(f"registered: {'yes' if r.get('registered') else 'no'} ({r.get('state')} since {since})")
+            lines.append(f"endpoint:   {r.get('endpoint') or '-'}")
+            replicas = f", {r.get('replicas')} replicas each" if (r.get("replicas") or 1) > 1 else ""
+            lines.append(f"devices:    {r.get('devices')} ({r.get('healthy')} healthy{replicas})")
+            lines.append(f"streams:    {r.get('streams')}")
+    lines += _render_in_use(report.get("in_use"))
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)
+
+
+def _render_in_use(view: dict[str, Any] | None) -> list[str]:
+    if not view:
+        return []
+    if not view.get("available"):
+        return ["", f"in-use view: unavailable ({view.get('reason') or 'unknown'})"]
+    holders = view.get("holders") or []
+    updated = view.get("updated")
+    as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(updated)) if updated is not None else "-"
+    lines = ["", f"in use:     {len({(h['resource'], h['device_id']) for h in holders})} devices (as of {as_of})"]
+    if not holders:
+        return lines
+    table = [("RESOURCE", "DEVICE", "NAMESPACE/POD", "CONTAINER")] + [
+        (h["resource"], h["device_id"], f"{h['namespace']}/{h['pod']}", h["container"]) for h in holders
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3])
+    return lines
 
 
 def main(args: Any = None, cfg: Config | None = None) -> int:

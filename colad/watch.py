@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import pyinotify
 
+from colad import config as config_mod
 from colad import log, proc
 from colad.config import Config
+from colad.errors import ConfigError
 from colad.queue import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
@@ -146,6 +148,13 @@ class DirWatch:
             return True
         return event.wd == self.parent_wd and event.name == self.name
 
+    def close(self) -> None:
+        """Stop watching the directory. The parent's watch stays: another DirWatch may share it."""
+        if self.wd is not None:
+            self.inotify.remove(self.wd)
+            self.wd = None
+        self.identity = None
+
     def note(self, event: Event) -> None:
         """Drop our idea of a watch the kernel has removed, so ensure() re-adds it."""
         if event.wd == self.wd and event.mask & SELF_GONE:
@@ -230,6 +239,7 @@ class WatcherLoop:
         self.seq = 0
         self.stats = StatsReporter(self.client, role, self.epoch)
         self.stopping = False
+        self.reload_requested = False
         self.waker: SignalWaker | None = None
 
     def wait(self, timeout: float | None) -> list[Event] | None:
@@ -240,6 +250,9 @@ class WatcherLoop:
             self.waker.drain()
         if self.stopping:
             return None
+        if self.reload_requested:
+            self.reload_requested = False
+            self.reload()
         if self.mounts.fileno() in readable:
             self.mounts.drain()  # something was (un)mounted: the role's ensure() re-checks identities
         events = self.inotify.read() if self.inotify.fileno() in readable else []
@@ -252,6 +265,24 @@ class WatcherLoop:
             self.client.check_alive()
         self.run_dir.ensure()
         return events
+
+    def reload(self) -> None:
+        """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one."""
+        try:
+            new = config_mod.load()
+        except ConfigError as exc:
+            LOG.error("reload refused; the running config stays", reason=str(exc))
+            return
+        applied, deferred = config_mod.reload_plan(self.cfg, new)
+        for key in deferred:
+            LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(self.cfg, key))
+        log.set_level(applied.log_level)
+        previous, self.cfg = self.cfg, applied
+        self.apply_config(previous)
+        LOG.info("config reloaded", resources=",".join(r.name for r in applied.resources), deferred=len(deferred))
+
+    def apply_config(self, previous: Config) -> None:
+        """Hook: the role adopts `self.cfg`, which replaced `previous`."""
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -280,7 +311,11 @@ def run_role(name: str, build: Callable[[], WatcherLoop], cfg: Config, **fields:
     def stop(signum: int, _frame: object) -> None:
         role.stopping = True
 
+    def reload(signum: int, _frame: object) -> None:
+        role.reload_requested = True
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     LOG.info(f"{name} starting", queue=cfg.queue_socket, **fields)
     return int(role.run())  # type: ignore[attr-defined]

@@ -67,6 +67,6 @@ def test_metrics_on_bookworms_prometheus_client(debian_colad: ColadService, kube
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert 'colad_allocate_requests_total{result="success"} 1.0' in text
+    assert 'colad_allocate_requests_total{resource="myway5.com/cola",result="success"} 1.0' in text
     assert 'grpcio="1.51.1"' in text and 'protobuf="4.21.12"' in text
     assert "_created" not in text

@@ -18,6 +18,7 @@ import pytest
 
 from colad.api import deviceplugin_pb2 as pb
 from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +69,7 @@ def new_log_lines(colad: ColadService, needle: str) -> list[str]:
     return [line for line in colad.log()[colad.log_mark :].splitlines() if needle in line]
 
 
-def intact(colad: ColadService, kubelet: FakeKubelet, expected: set[str]) -> None:
+def intact(colad: ColadService, kubelet: FakeKubelet, expected: set[str] | dict[str, str]) -> None:
     kubelet.wait_devices(expected, timeout=10)
     assert kubelet.allocate(["cocacola"])["envs"] == {"COLA_DEVICES": "cocacola"}
     assert kubelet.live_streams() == 1
@@ -115,8 +116,12 @@ FILES: list[tuple[str, Callable[[Path], None], str | None, str | None]] = [
     ("symlink-outside", _symlink_out, None, None),
     ("dangling-symlink", lambda d: os.symlink(d / "nothing", d / "dangling"), None, None),
     ("unreadable-file", _unreadable, None, "locked"),
+    # Content that is not a device file (docs/DEVICES.md): a device, Unhealthy, with the reason logged.
     ("binary-content", lambda d: (d / "binary").write_bytes(os.urandom(4096)), None, "binary"),
+    ("huge-file", lambda d: (d / "huge").write_bytes(b"#" * (8 << 20)), None, "huge"),
+    ("toml-of-another-kind", lambda d: (d / "other").write_text('[server]\nport = 80\n'), None, "other"),
 ]
+UNHEALTHY_CONTENT = {"binary", "huge", "other"}
 
 
 @pytest.mark.parametrize(("make", "warned", "device"), [f[1:] for f in FILES], ids=[f[0] for f in FILES])
@@ -130,7 +135,14 @@ def test_awkward_device_files(
     kubelet.wait_devices(BASE)
     make(colad.device_dir)
     colad.add("marker")  # a change after the awkward one: when it arrives, the awkward one was seen too
-    expected = BASE | {"marker"} | ({device} if device else set())
+    expected = {d: "Healthy" for d in BASE | {"marker"} | ({device} if device else set())}
+    if device in UNHEALTHY_CONTENT:
+        expected[device] = "Unhealthy"
+        wait_until(
+            lambda: [line for line in colad.log_lines("device file malformed") if f"device={device} " in line],
+            10,
+            f"the reason {device} is Unhealthy in the log",
+        )
     intact(colad, kubelet, expected)
     warnings = new_log_lines(colad, "file skipped: not a valid device ID")
     if warned is not None:

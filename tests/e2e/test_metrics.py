@@ -53,9 +53,9 @@ def test_scrape_passes_promtool_check_metrics(colad: ColadService, kubelet: Fake
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert 'colad_allocate_requests_total{result="success"} 1.0' in samples
-    assert 'colad_devices{health="Healthy"} 2.0' in samples
-    assert "colad_registered 1.0" in samples
+    assert 'colad_allocate_requests_total{resource="myway5.com/cola",result="success"} 1.0' in samples
+    assert 'colad_devices{health="Healthy",resource="myway5.com/cola"} 2.0' in samples
+    assert 'colad_registered{resource="myway5.com/cola"} 1.0' in samples
     for role in ("plugin", "discovery", "kubelet-watch", "supervisord"):
         assert any(s.startswith(f'colad_process_resident_memory_bytes{{role="{role}"}}') for s in samples), role
     assert any(s.startswith("colad_build_info{") for s in samples)

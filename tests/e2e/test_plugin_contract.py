@@ -33,7 +33,7 @@ def test_register_is_retried_with_capped_backoff_until_the_kubelet_accepts(short
         nominal = [min(0.1 * 2**i, 5.0) for i in range(len(gaps))]
         assert all(gap >= want * 0.95 for gap, want in zip(gaps, nominal, strict=True)), (gaps, nominal)
         assert max(gaps) <= 5.0 + 2.0, gaps
-        service.wait_log('msg="register failed" error="UNKNOWN: resource busy (test)"')
+        service.wait_log('msg="register failed" resource=myway5.com/cola error="UNKNOWN: resource busy (test)"')
         kubelet.register_error = None
         kubelet.wait_registered(timeout=10)
         kubelet.wait_devices({"cocacola"})

@@ -54,7 +54,7 @@ def test_add_remove_and_rename_reach_list_and_watch(colad: ColadService, kubelet
     kubelet.wait_devices({"peisicola", "pepsi"})
     # A write is an event too: it triggers a rescan that leaves the list as it is.
     before = len(kubelet.updates)
-    (colad.device_dir / "pepsi").write_bytes(b"written")
+    (colad.device_dir / "pepsi").write_bytes(b"# written\n")
     colad.wait_log("reason=inotify", count=1)
     assert kubelet.devices() == {"peisicola": "Healthy", "pepsi": "Healthy"}
     assert len(kubelet.updates) == before, "an unchanged list must not be sent again"

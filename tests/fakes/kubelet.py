@@ -148,6 +148,7 @@ class FakeKubelet:
         self._channels: set[grpc.Channel] = set()
         self._current: dict[str, _Client] = {}  # resource -> newest successful registration
         self._held: dict[str, dict[str, str]] = {}  # resource -> device set the kubelet holds
+        self._topology: dict[str, dict[str, tuple[int, ...]]] = {}  # resource -> device -> NUMA nodes
         self._resource: str | None = None
         self._server: grpc.Server | None = None
         self._stop_event = threading.Event()
@@ -339,6 +340,9 @@ class FakeKubelet:
             self._violations.extend(problems)
             if self._current.get(client.resource) is client:
                 self._held[client.resource] = dict(devices)
+                self._topology[client.resource] = {
+                    d.ID: tuple(n.ID for n in d.topology.nodes) for d in message.devices if d.HasField("topology")
+                }
             self._cond.notify_all()
         if self.write_checkpoint and not client.stop_event.is_set():
             self._write_checkpoint()
@@ -359,9 +363,9 @@ class FakeKubelet:
             os.replace(tmp, self.plugin_dir / constants.CHECKPOINT_NAME)
 
     # ---- RPCs the kubelet makes at admission / container start (endpoint.go, manager.go) ----
-    def allocate(self, device_ids: list[str], timeout: float = 10) -> dict[str, Any]:
+    def allocate(self, device_ids: list[str], timeout: float = 10, *, resource: str | None = None) -> dict[str, Any]:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
-        response = self.allocate_raw(request, timeout)
+        response = self.allocate_raw(request, timeout, resource=resource)
         if not response.container_responses:
             raise KubeletError(f"no containers return in allocation response {response}")
         r = response.container_responses[0]
@@ -375,17 +379,30 @@ class FakeKubelet:
             "cdi_devices": [c.name for c in r.cdi_devices],
         }
 
-    def allocate_raw(self, request: pb.AllocateRequest, timeout: float = 10) -> pb.AllocateResponse:
-        client = self._live_client()
+    def allocate_raw(self, request: pb.AllocateRequest, timeout: float = 10, *,
+                     resource: str | None = None) -> pb.AllocateResponse:
+        client = self._live_client(resource)
         response = self._unary(client.channel, "Allocate", request, pb.AllocateResponse, timeout)
         want, got = len(request.container_requests), len(response.container_responses)
         if got != want:  # one response per container request, in order
             self._violate(f"Allocate: {got} container responses for {want} container requests")
+        for r in response.container_responses:  # what the container runtime would refuse
+            paths = [("mount", m.container_path, m.host_path) for m in r.mounts]
+            paths += [("device", d.container_path, d.host_path) for d in r.devices]
+            for kind, inside, outside in paths:
+                if not (inside.startswith("/") and outside.startswith("/")):
+                    self._violate(f"Allocate: {kind} {outside!r} -> {inside!r} is not absolute on both sides")
+            inside_paths = [p[1] for p in paths]
+            if len(set(inside_paths)) != len(inside_paths):
+                self._violate(f"Allocate: a container path is used twice in {sorted(inside_paths)}")
+            for d in r.devices:
+                if not d.permissions or set(d.permissions) - set("rwm"):
+                    self._violate(f"Allocate: device {d.host_path!r} has permissions {d.permissions!r}")
         return response
 
     def get_preferred_allocation(self, available: list[str], must_include: list[str], size: int,
-                                 timeout: float = 10) -> list[str]:
-        client = self._live_client()
+                                 timeout: float = 10, *, resource: str | None = None) -> list[str]:
+        client = self._live_client(resource)
         if not client.options[1]:
             self._violate("GetPreferredAllocation called although get_preferred_allocation_available is false")
         request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
@@ -415,14 +432,15 @@ class FakeKubelet:
             self._violate(f"{what}: reply does not decode: {exc}")
             raise KubeletError(f"{what}: {exc}") from exc
 
-    def _current_locked(self) -> _Client | None:
-        return self._current.get(self._resource) if self._resource else None
+    def _current_locked(self, resource: str | None = None) -> _Client | None:
+        resource = resource or self._resource
+        return self._current.get(resource) if resource else None
 
-    def _live_client(self) -> _Client:
+    def _live_client(self, resource: str | None = None) -> _Client:
         with self._cond:
-            client = self._current_locked()
+            client = self._current_locked(resource)
         if client is None:
-            raise KubeletError(f"unknown Device Plugin {self._resource}")
+            raise KubeletError(f"unknown Device Plugin {resource or self._resource}")
         if client.stopped:
             raise KubeletError(f"endpoint {client.endpoint} has been stopped")
         return client
@@ -455,23 +473,35 @@ class FakeKubelet:
     def successful_registrations(self) -> list[Registration]:
         return [r for r in self.registrations if r.ok]
 
-    def current_endpoint(self) -> str | None:
+    def current_endpoint(self, resource: str | None = None) -> str | None:
         with self._cond:
-            client = self._current_locked()
+            client = self._current_locked(resource)
             return client.endpoint if client else None
 
-    def devices(self) -> dict[str, str] | None:
+    def resources(self) -> list[str]:
+        """Every resource with a current endpoint, sorted."""
         with self._cond:
-            held = self._held.get(self._resource) if self._resource else None
+            return sorted(self._current)
+
+    def devices(self, resource: str | None = None) -> dict[str, str] | None:
+        with self._cond:
+            resource = resource or self._resource
+            held = self._held.get(resource) if resource else None
             return dict(held) if held is not None else None
+
+    def topology(self, resource: str | None = None) -> dict[str, tuple[int, ...]]:
+        """NUMA node IDs of each device in the latest list of the resource's current endpoint."""
+        with self._cond:
+            resource = resource or self._resource
+            return dict(self._topology.get(resource, {})) if resource else {}
 
     def live_streams(self) -> int:
         with self._cond:
             return sum(c.stream_open for c in self._clients)
 
-    def stream_alive(self) -> bool:
+    def stream_alive(self, resource: str | None = None) -> bool:
         with self._cond:
-            client = self._current_locked()
+            client = self._current_locked(resource)
             return client is not None and client.stream_open
 
     def options(self) -> tuple[bool, bool] | None:
@@ -486,10 +516,11 @@ class FakeKubelet:
 
         return cast(Registration, self._wait(latest, timeout, f"{count} successful registration(s)"))
 
-    def wait_devices(self, expected: dict[str, str] | set[str], timeout: float = 10.0) -> None:
+    def wait_devices(self, expected: dict[str, str] | set[str], timeout: float = 10.0, *,
+                     resource: str | None = None) -> None:
         want = {i: constants.HEALTHY for i in expected} if isinstance(expected, set) else dict(expected)
-        self._wait(lambda: self.devices() == want and self.stream_alive(), timeout,
-                   f"devices {want} on a live stream")
+        self._wait(lambda: self.devices(resource) == want and self.stream_alive(resource), timeout,
+                   f"devices {want} of {resource or 'the latest resource'} on a live stream")
 
     def close_stream(self) -> None:
         with self._cond:

@@ -100,7 +100,8 @@ def begin(role: Role) -> None:
     """What `role.run()` does before its loop: establish the watches and take the first look."""
     role.run_dir.ensure()
     if isinstance(role, Discovery):
-        role.device_dir.ensure()
+        for watch in role.watches.values():
+            watch.dir.ensure()
         role.rescan("start")
     else:
         role.kubelet_dir.ensure()

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from colad.config import Config
 from colad.discovery import Discovery, list_regular_files
-from colad.messages import DeviceSnapshot, Stats
+from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, Stats, encode
 from colad.queue import QueueClient
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, bind_socket, make_config
@@ -37,8 +38,8 @@ class CountingDiscovery(Discovery):
         super().__init__(cfg, **kwargs)  # type: ignore[arg-type]
         self.reasons: list[str] = []
 
-    def rescan(self, reason: str) -> None:
-        super().rescan(reason)
+    def rescan(self, reason: str, *args: Any, **kwargs: Any) -> None:
+        super().rescan(reason, *args, **kwargs)
         self.reasons.append(reason)
 
 
@@ -298,12 +299,12 @@ def test_change_ends_with_an_exact_snapshot(
 
 def _write(path: Path) -> None:
     with open(path, "w") as handle:
-        handle.write("new contents")
+        handle.write("# new contents, still a valid (empty) device file\n")
 
 
 def _append(path: Path) -> None:
     with open(path, "a") as handle:
-        handle.write("more")
+        handle.write("# more\n")
 
 
 def _chmod(path: Path) -> None:
@@ -568,3 +569,72 @@ def test_run_returns_zero_when_stopped(cfg: Config, serve: Serve) -> None:
     assert results == [0]
     assert discovery.client.sock is None
 
+
+
+def test_file_content_sets_health_and_details_and_a_fix_recovers(
+    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    device_dir = Path(cfg.device_dir)
+    device_dir.mkdir()
+    touch(device_dir / "dev-0")
+    touch(device_dir / "dev-1")
+    discovery, _, inbox = started(cfg, serve, runners)
+    wait_for_devices(inbox, {"dev-0", "dev-1"})
+
+    def latest() -> dict[str, Any]:
+        snapshot = inbox.of(DeviceSnapshot)[-1]
+        return {d.device_id: d for d in snapshot.devices}
+
+    (device_dir / "dev-0").write_text("numa_nodes = [1]\n[envs]\nFLAVOUR = \"cherry\"\n")
+    wait_until(lambda: latest()["dev-0"].numa_nodes == (1,), 5, "dev-0 with its NUMA node")
+    assert latest()["dev-0"].envs == (("FLAVOUR", "cherry"),) and latest()["dev-0"].healthy
+    (device_dir / "dev-0").write_text("numa_nodes = [1\n")  # malformed: only dev-0 turns Unhealthy
+    wait_until(lambda: not latest()["dev-0"].healthy, 5, "dev-0 Unhealthy")
+    assert "invalid TOML" in latest()["dev-0"].problem and latest()["dev-0"].numa_nodes == ()
+    assert latest()["dev-1"].healthy
+    (device_dir / "dev-0").write_text('health = "Unhealthy"\n')
+    wait_until(lambda: latest()["dev-0"].problem == "" and not latest()["dev-0"].healthy, 5, "declared Unhealthy")
+    (device_dir / "dev-0").write_bytes(b"")
+    wait_until(lambda: latest()["dev-0"].healthy, 5, "dev-0 Healthy again")
+    (device_dir / "dev-1").write_bytes(b"x" * 70000)  # over the size limit
+    wait_until(lambda: not latest()["dev-1"].healthy, 5, "dev-1 too large")
+    assert "larger than" in latest()["dev-1"].problem
+
+
+def test_an_unreadable_file_is_an_unhealthy_device(
+    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner], tmp_path: Path
+) -> None:
+    device_dir = Path(cfg.device_dir)
+    device_dir.mkdir()
+    (device_dir / "dev-0").write_text("numa_nodes = [0]\n")
+    (device_dir / "dev-0").chmod(0)
+    if os.access(device_dir / "dev-0", os.R_OK):  # root reads anything: make it a read error another way
+        os.unlink(device_dir / "dev-0")
+        os.mkfifo(device_dir / "dev-0")  # not a regular file: skipped, never opened (no block)
+        discovery, _, inbox = started(cfg, serve, runners)
+        wait_for_devices(inbox, set())
+        return
+    discovery, _, inbox = started(cfg, serve, runners)
+    wait_until(lambda: bool(inbox.of(DeviceSnapshot)), 5, "a snapshot")
+    device = inbox.of(DeviceSnapshot)[-1].devices.get("dev-0")
+    assert device is not None and not device.healthy and "cannot read" in device.problem
+
+
+def test_a_snapshot_too_large_for_the_queue_demotes_the_largest_files_only(
+    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    device_dir = Path(cfg.device_dir)
+    device_dir.mkdir()
+    # 80 files of ~60 KiB of envs: about 4.8 MB of content, over the 4 MiB frame limit.
+    big = "[envs]\n" + "".join(f'K{i} = "{"v" * 460}"\n' for i in range(127))
+    for n in range(80):
+        (device_dir / f"big-{n:02d}").write_text(big)
+    touch(device_dir / "small")
+    discovery, _, inbox = started(cfg, serve, runners)
+    wait_until(lambda: bool(inbox.of(DeviceSnapshot)), 10, "a snapshot")
+    snapshot = inbox.of(DeviceSnapshot)[-1]
+    assert len(snapshot.devices) == 81 and snapshot.devices.get("small") is not None
+    demoted = [d for d in snapshot.devices if "queue message limit" in d.problem]
+    assert demoted and all(not d.healthy for d in demoted)
+    assert len(encode(snapshot)) <= MAX_MESSAGE_BYTES
+    assert sum(d.healthy for d in snapshot.devices) == 81 - len(demoted)

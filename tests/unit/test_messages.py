@@ -56,6 +56,7 @@ def test_snapshot_wire_format() -> None:
         "type": "device_snapshot",
         "epoch": 3,
         "seq": 4,
+        "resource": "myway5.com/cola",
         "dir_present": True,
         "devices": [["cola1", HEALTHY], ["cola2", UNHEALTHY], ["peisicola", HEALTHY]],
     }
@@ -122,6 +123,7 @@ def _snapshot(**changes: Any) -> bytes:
         "type": "device_snapshot",
         "epoch": 1,
         "seq": 1,
+        "resource": "myway5.com/cola",
         "dir_present": True,
         "devices": [["cola1", "Healthy"]],
     }
@@ -203,7 +205,7 @@ REJECTED = [
     pytest.param(_snapshot(devices=["cola1"]), id="device-bare-string"),
     pytest.param(_snapshot(devices=[["cola1"]]), id="device-one-element"),
     pytest.param(_snapshot(devices=[["cola1", "Healthy", 0]]), id="device-three-elements"),
-    pytest.param(_snapshot(devices=[{"id": "cola1", "health": "Healthy"}]), id="device-object"),
+    pytest.param(_snapshot(devices=[{"id": "cola1", "colour": "red"}]), id="device-unknown-key"),
     pytest.param(_snapshot(devices=[[1, "Healthy"]]), id="device-int-id"),
     pytest.param(_snapshot(devices=[["cola1", True]]), id="device-bool-health"),
     pytest.param(_snapshot(devices=[["", "Healthy"]]), id="device-empty-id"),
@@ -220,6 +222,11 @@ REJECTED = [
     pytest.param(_snapshot(dir_present=_DROP), id="no-dir-present"),
     pytest.param(_snapshot(dir_present=1), id="int-dir-present"),
     pytest.param(_snapshot(dir_present="true"), id="string-dir-present"),
+    pytest.param(_snapshot(resource=_DROP), id="no-resource"),
+    pytest.param(_snapshot(resource="cola"), id="resource-without-domain"),
+    pytest.param(_snapshot(resource=7), id="int-resource"),
+    pytest.param(_snapshot(devices=[{"id": "cola1", "numa_nodes": [-1]}]), id="negative-numa"),
+    pytest.param(_snapshot(devices=[{"id": "cola1", "mounts": [["rel", "/x", True]]}]), id="relative-mount"),
     # kubelet state body
     pytest.param(_kubelet(kubelet_socket=_DROP), id="no-kubelet-socket"),
     pytest.param(_kubelet(kubelet_socket=None), id="null-kubelet-socket"),
@@ -411,7 +418,7 @@ def test_forget_lets_an_older_epoch_in() -> None:
     tracker = SequenceTracker()
     assert tracker.accept(_snap(100, 7))
     assert not tracker.accept(_snap(50, 0))
-    tracker.forget("device_snapshot")
+    tracker.forget("device_snapshot:myway5.com/cola")
     assert tracker.accept(_snap(50, 0))
     assert not tracker.accept(_snap(50, 0))
 
@@ -437,3 +444,27 @@ def test_rejected_message_does_not_move_the_position() -> None:
     assert tracker.accept(_snap(2, 5))
     assert not tracker.accept(_snap(1, 100))
     assert tracker.accept(_snap(2, 6))
+
+
+def test_snapshot_carries_device_details() -> None:
+    from colad.devices import DeviceNode, Mount
+
+    device = Device(
+        "cola1",
+        numa_nodes=(0, 1),
+        device_nodes=(DeviceNode("/dev/cola1", "/dev/cola"),),
+        mounts=(Mount("/opt/cola", "/opt/cola"),),
+        envs=(("A", "b"),),
+        annotations=(("example.com/k", "v"),),
+        cdi_devices=("example.com/cola=cola1",),
+    )
+    message = DeviceSnapshot(1, 2, DeviceSet.of([device, Device("bare")]), resource="example.com/pop")
+    assert decode(encode(message)) == message
+    assert message.key == "device_snapshot:example.com/pop"
+
+
+def test_snapshots_of_two_resources_are_two_streams() -> None:
+    tracker = SequenceTracker()
+    assert tracker.accept(DeviceSnapshot(5, 9, DeviceSet(), resource="example.com/a"))
+    assert tracker.accept(DeviceSnapshot(5, 3, DeviceSet(), resource="example.com/b"))
+    assert not tracker.accept(DeviceSnapshot(5, 2, DeviceSet(), resource="example.com/b"))

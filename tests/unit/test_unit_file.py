@@ -41,7 +41,8 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     text = UNIT.read_text()
     assert text.count(EXEC_START) == 1
     unit = tmp_path / UNIT.name
-    unit.write_text(text.replace(EXEC_START, f"ExecStart={colad} supervise"))
+    text = text.replace(EXEC_START, f"ExecStart={colad} supervise")
+    unit.write_text(text.replace("ExecReload=/usr/bin/colad reload", f"ExecReload={colad} reload"))
     # Documentation=man:colad(8) is checked too: man must find the page this tree ships.
     (tmp_path / "man" / "man8").mkdir(parents=True)
     shutil.copy(ROOT / "man" / "colad.8", tmp_path / "man" / "man8" / "colad.8")

@@ -1,0 +1,58 @@
+"""`colad reload`: check the config, then have the running colad re-read it (SIGHUP to its processes).
+
+Reads: the config (loaded and validated by cli.py before this runs: an invalid
+file exits 2 and nothing is signalled), supervisord's XML-RPC interface, and
+the plugin's state file, whose "reload" entry says how the plugin took it.
+Writes: nothing; signals the three programs through supervisord, never
+supervisord itself (its own SIGHUP restarts every program).
+Exit codes: 0 applied; 1 refused or not confirmed in time; 2 invalid config;
+3 colad is not running.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import xmlrpc.client
+from typing import Any
+
+from colad.config import Config
+from colad.status import supervisor_proxy
+
+GROUP = "colad"  # [group:colad] in conf/supervisord.conf
+CONFIRM_TIMEOUT = 10.0
+
+
+def last_reload(cfg: Config) -> dict[str, Any]:
+    try:
+        with open(cfg.plugin_state_file, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    reload = state.get("reload") if isinstance(state, dict) else None
+    return reload if isinstance(reload, dict) else {}
+
+
+def main(args: Any = None, cfg: Config | None = None) -> int:
+    assert cfg is not None
+    before = last_reload(cfg).get("at")
+    try:
+        supervisor_proxy(cfg.supervisor_socket).supervisor.signalProcessGroup(GROUP, "HUP")
+    except (OSError, xmlrpc.client.Error) as exc:
+        print(f"colad reload: colad is not running ({cfg.supervisor_socket}: {exc})", file=sys.stderr)
+        return 3
+    deadline = time.monotonic() + CONFIRM_TIMEOUT
+    while time.monotonic() < deadline:
+        result = last_reload(cfg)
+        if result.get("at") != before and "ok" in result:
+            if result["ok"]:
+                parts = [f"{key}={','.join(result.get(key) or []) or '-'}" for key in ("added", "removed", "changed")]
+                deferred = ",".join(result.get("deferred") or [])
+                print("colad reload: applied: " + " ".join(parts) + (f" (at restart: {deferred})" if deferred else ""))
+                return 0
+            print(f"colad reload: refused, the running config stays: {result.get('reason')}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    print(f"colad reload: signalled, but the plugin did not confirm within {CONFIRM_TIMEOUT:.0f}s", file=sys.stderr)
+    return 1
