@@ -22,12 +22,12 @@ CONTENT = """version = 1
 numa_nodes = [{node}]
 cdi_devices = ["myway5.com/cola={name}"]
 [envs]
-COLA_SERIAL_X = "x"
+SERIAL = "x"
 [[device_nodes]]
 host_path = "/dev/{name}"
 [[mounts]]
 host_path = "/opt/cola/{name}"
-""".replace("COLA_SERIAL_X", "SERIAL")
+"""
 
 
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:

@@ -178,7 +178,7 @@ def wait_journal(box: Container, needle: str, timeout: float = 15) -> None:
 def registered_because(text: str) -> str:
     """The reason of the attempt that led to the first registration, from the plugin's state lines."""
     reason = ""
-    for state, why in re.findall(r'msg="plugin state" state=(\w+) .*?reason=("[^"]*"|\S+)', text):
+    for state, why in re.findall(r'msg="plugin state" (?:resource=\S+ )?state=(\w+) .*?reason=("[^"]*"|\S+)', text):
         if state == "registering":
             reason = why.strip('"')
         elif state == "registered":
@@ -235,6 +235,22 @@ def check_service(box: Container, kubelet: FakeKubelet, plugin_dir: Path, step: 
     box.run("systemctl", "restart", UNIT)
     settle(kubelet, 3, devices)
     step("registered again after systemctl restart")
+
+    # systemctl reload: `colad reload` checks the file and the processes apply it, keeping the registration.
+    conf = box.root / "etc/colad/colad.toml"
+    original = conf.read_text()
+    endpoint = kubelet.current_endpoint()
+    conf.write_text(original + '\nlog_level = "DEBUG"\n')
+    box.run("systemctl", "reload", UNIT)
+    wait_journal(box, 'msg="config reloaded"')
+    conf.write_text(original + "\ncolour = 1\n")
+    refused = box.run("systemctl", "reload", UNIT, check=False)
+    assert refused.returncode != 0 and show(box, "ActiveState") == "active"
+    assert "colour (file /etc/colad/colad.toml): unknown key" in journal(box)
+    conf.write_text(original)
+    assert kubelet.current_endpoint() == endpoint and len(kubelet.successful_registrations()) == 3
+    kubelet.wait_devices(devices, timeout=5)
+    step("systemctl reload applied a valid file, refused an invalid one, registration untouched")
 
     # SIGKILL of the main process (supervisord): systemd cleans the cgroup and starts colad again.
     main_pid = show(box, "MainPID")

@@ -229,3 +229,5 @@ def test_stop_withdraws_every_resource(two_resources: ColadService, kubelet: Fak
     assert kubelet.devices(COLA) == {} and kubelet.devices(PEPSI) == {}
     two_resources.start()  # the fixture stops it again
     kubelet.wait_devices({"cocacola"}, resource=COLA)
+    # Replica IDs are stable across restarts: the kubelet's checkpoint still matches them.
+    kubelet.wait_devices({"pepsi1::0", "pepsi1::1"}, resource=PEPSI)
