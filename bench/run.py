@@ -192,7 +192,8 @@ def runtime(python: str) -> dict[str, str]:
         "print(platform.python_version(), grpc.__version__, p.__version__, m.version('supervisor'))"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    return {"python": f"{out[0]} ({python})", "grpcio": out[1], "protobuf": out[2], "supervisor": out[3]}
+    shown = os.path.relpath(python) if python.startswith(os.getcwd() + os.sep) else python  # no machine paths
+    return {"python": f"{out[0]} ({shown})", "grpcio": out[1], "protobuf": out[2], "supervisor": out[3]}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
