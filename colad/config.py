@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colad import constants
+from colad.allocation import REPLICA_POLICIES
 from colad.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
@@ -28,7 +29,6 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
-REPLICA_POLICIES = ("spread", "pack")
 MAX_REPLICAS = 1000
 MAX_RESOURCES = 32
 # Keys a reload cannot change in a running daemon (sockets, listeners, the

@@ -103,20 +103,20 @@ def read_device(device_id: str, path: str, known: _Cached | None) -> _Cached | N
 _SAFE_ESTIMATE = messages.MAX_MESSAGE_BYTES // 2
 
 
-def fit_the_queue(rw: ResourceWatch, found: devices.DeviceSet) -> devices.DeviceSet:
+def fit_the_queue(rw: ResourceWatch, found: devices.DeviceSet) -> tuple[devices.DeviceSet, dict[str, str]]:
     """Keep a snapshot under the queue's frame limit: the largest device files turn Unhealthy until it fits.
 
     Only many large files can get there (each is at most 64 KiB); the other
-    devices are never dropped, and the problem is logged once per device.
+    devices are never dropped. Returns the set and the problem of each device demoted.
     """
     estimate = 200 * len(found) + sum(c.key[1] for c in rw.cache.values() if c.key is not None)
     if estimate < _SAFE_ESTIMATE:
-        return found
+        return found, {}
     sizes = {d.device_id: len(json.dumps(devices.device_to_wire(d))) for d in found}
     budget = messages.MAX_MESSAGE_BYTES - 4096
     total = sum(sizes.values()) + 2 * len(sizes)
     if total <= budget:
-        return found
+        return found, {}
     problem = "file content too large to send with the other devices (queue message limit)"
     demoted: dict[str, Device] = {}
     for device_id in sorted(sizes, key=lambda i: (-sizes[i], i)):
@@ -124,8 +124,7 @@ def fit_the_queue(rw: ResourceWatch, found: devices.DeviceSet) -> devices.Device
             break
         demoted[device_id] = Device(device_id, UNHEALTHY, problem=problem)
         total -= sizes[device_id] - len(json.dumps(devices.device_to_wire(demoted[device_id])))
-    rw.note_problems({i: problem for i in demoted})
-    return devices.DeviceSet.of([demoted.get(d.device_id, d) for d in found])
+    return devices.DeviceSet.of([demoted.get(d.device_id, d) for d in found]), {i: problem for i in demoted}
 
 
 class ResourceWatch:
@@ -138,13 +137,15 @@ class ResourceWatch:
         self.present: bool | None = None
         self.warned: dict[str, str] = {}  # name -> the problem last logged for it
         self.cache: dict[str, _Cached] = {}
-        self._pending: dict[str, str] = {}
         # Longest file name that still leaves room for the replica suffix "::<n>".
         suffix = len(f"{devices.REPLICA_SEPARATOR}{resource.replicas - 1}") if resource.replicas > 1 else 0
         self.max_id = MAX_DEVICE_ID_LENGTH - suffix
 
-    def scan(self, dirty: set[str] | None) -> tuple[devices.DeviceSet, bool]:
-        """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again."""
+    def scan(self, dirty: set[str] | None) -> tuple[devices.DeviceSet, bool, dict[str, str]]:
+        """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again.
+
+        Returns the devices, whether the directory exists, and each skipped or malformed name's problem.
+        """
         names, present = list_regular_files(self.resource.device_dir)
         result = devices.build(names)
         problems = {s.name: s.reason for s in result.skipped}
@@ -164,18 +165,10 @@ class ResourceWatch:
             if known.device.problem:
                 problems[device_id] = known.device.problem
         self.cache = cache
-        self._pending = problems
-        return devices.DeviceSet.of(found), present
+        return devices.DeviceSet.of(found), present, problems
 
-    def note_problems(self, extra: dict[str, str]) -> None:
-        """Problems found after scan() (a snapshot too large), for report() to log."""
-        self._pending = {**self._pending, **extra}
-
-    def report(self) -> None:
+    def report(self, problems: dict[str, str]) -> None:
         """Log what changed in this scan's problems (once per problem, again if it comes back later)."""
-        self._warn(self._pending)
-
-    def _warn(self, problems: dict[str, str]) -> None:
         for name, problem in sorted(problems.items()):
             if self.warned.get(name) != problem:
                 if name in self.cache:
@@ -230,9 +223,9 @@ class Discovery(watch.WatcherLoop):
             self._rescan_one(rw, reason, None if dirty is None else dirty.get(rw.resource.name, set()))
 
     def _rescan_one(self, rw: ResourceWatch, reason: str, dirty: set[str] | None) -> None:
-        found, present = rw.scan(dirty)
-        found = fit_the_queue(rw, found)
-        rw.report()
+        found, present, problems = rw.scan(dirty)
+        found, too_large = fit_the_queue(rw, found)
+        rw.report(problems | too_large)
         if found == rw.current and present == rw.present:
             return
         previous = rw.current or devices.DeviceSet()
@@ -298,7 +291,7 @@ class Discovery(watch.WatcherLoop):
             rw = self.watches.pop(name)
             rw.dir.close()
             if name not in wanted:
-                self.client.withdraw(messages.DeviceSnapshot(0, 0, devices.DeviceSet(), resource=name).key)
+                self.client.withdraw(messages.snapshot_key(name))
                 LOG.info("resource removed", resource=name)
         added = []
         for name, resource in wanted.items():

@@ -39,7 +39,12 @@ class DeviceSnapshot:
     @property
     def key(self) -> str:
         """Each resource's snapshots are a stream of their own."""
-        return f"{self.type}:{self.resource}"
+        return snapshot_key(self.resource)
+
+
+def snapshot_key(resource: str) -> str:
+    """The stream key of a resource's DeviceSnapshots."""
+    return f"device_snapshot:{resource}"
 
 
 @dataclass(frozen=True)

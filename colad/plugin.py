@@ -13,7 +13,6 @@ added, removed or changed, the others left registered as they are.
 from __future__ import annotations
 
 import enum
-import json
 import os
 import queue
 import signal
@@ -387,7 +386,7 @@ class Plugin:
                 # (metrics, log, state file) is not on the path of a change to the kubelet.
                 if registration is not None:
                     changed = self._advertise(registration, message.devices)
-        self.events.put(_Event("message", (message, changed), resource=getattr(message, "resource", "")))
+        self.events.put(_Event("message", (message, changed)))
 
     @staticmethod
     def _advertise(registration: Registration, physical: DeviceSet) -> bool:
@@ -418,34 +417,28 @@ class Plugin:
         return {r.socket_path for r in self.registrations.values() if r.socket_path}
 
     def write_state(self) -> None:
-        resources = [r.summary() for r in self.registrations.values()]
-        first = resources[0] if resources else {}
-        registered = bool(resources) and all(r["registered"] for r in resources)
-        waiting = next((r for r in resources if not r["registered"]), first)
+        registrations = list(self.registrations.values())
+        resources = [r.summary() for r in registrations]
+        # The top-level fields (the shape before [[resources]]): the first resource not registered, else the first.
+        waiting = next((r for r in registrations if r.state is not State.REGISTERED), registrations[0])
+        first = resources[0]
         body = {
             "pid": os.getpid(),
-            "state": waiting.get("state", State.STOPPED.value),
-            "registered": registered,
-            "resource_name": first.get("name", ""),
-            "endpoint": first.get("endpoint", ""),
-            "devices": sum(int(str(r["devices"])) for r in resources),
-            "healthy": sum(int(str(r["healthy"])) for r in resources),
-            "streams": sum(int(str(r["streams"])) for r in resources),
-            "since": waiting.get("since", self.wall()),
-            "last_error": waiting.get("last_error", ""),
+            "state": waiting.state.value,
+            "registered": waiting.state is State.REGISTERED,
+            "resource_name": first["name"],
+            "endpoint": first["endpoint"],
+            "devices": sum(len(r.broadcast.devices) for r in registrations),
+            "healthy": sum(r.broadcast.devices.count(constants.HEALTHY) for r in registrations),
+            "streams": sum(r.live_streams() for r in registrations),
+            "since": waiting.since,
+            "last_error": waiting.last_error,
             "metrics_address": self.metrics_server.bound if self.metrics_server else "",
             "resources": resources,
             "config_file": self.cfg.config_file,
             "reload": self.last_reload,
         }
-        tmp = self.cfg.plugin_state_file + ".tmp"
-        try:
-            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(body, handle)
-            os.replace(tmp, self.cfg.plugin_state_file)
-        except OSError as exc:
-            LOG.warning("state file not written", path=self.cfg.plugin_state_file, error=exc)
+        proc.write_state_file(self.cfg.plugin_state_file, body)
 
     # The life cycle, on the owning thread.
     def check_queue(self) -> None:
@@ -501,16 +494,11 @@ class Plugin:
         and streams untouched; a removed one withdraws its devices first.
         """
         try:
-            new = config_mod.load()
+            applied, deferred = proc.reload_config(self.cfg)
         except ConfigError as exc:
-            LOG.error("reload refused; the running config stays", reason=str(exc))
             self.last_reload = {"at": self.wall(), "ok": False, "reason": str(exc)}
             self.write_state()
             return
-        applied, deferred = config_mod.reload_plan(self.cfg, new)
-        for key in deferred:
-            LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(self.cfg, key))
-        log.set_level(applied.log_level)
         self.cfg = applied
         wanted = {r.name: r for r in applied.resources}
         removed = [r for name, r in self.registrations.items() if name not in wanted]
@@ -527,7 +515,7 @@ class Plugin:
                     current.resource = resource  # same name: same socket and registration, new devices
                     changed.append(name)
                 snapshot = self.snapshots.get(name)
-                if snapshot is not None and (current is None or current.resource == resource):
+                if snapshot is not None and (name in added or name in changed):
                     self._advertise(registrations[name], snapshot.devices)
             self.registrations = {name: registrations[name] for name in wanted}  # config order
         for registration in removed:

@@ -9,7 +9,6 @@ An absent or old kubelet degrades to "unavailable" with one log line, never a cr
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable
 
 import grpc
 
-from colad import inuse, log
+from colad import inuse, log, proc
 from colad.api import podresources_pb2 as pb
 from colad.api import podresources_pb2_grpc as pb_grpc
 from colad.config import Config
@@ -165,15 +164,7 @@ class InUseWatcher:
     def _write_state(self) -> None:
         body = inuse.state(self.view if self.available else {}, available=bool(self.available),
                            reason=self.reason, updated=self.wall())
-        tmp = self.state_path + ".tmp"
-        try:
-            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(body, handle)
-            os.replace(tmp, self.state_path)
-        except OSError as exc:
-            LOG.warning("state file not written", path=self.state_path, error=exc)
+        proc.write_state_file(self.state_path, body)
 
 
 def _assignments(response: pb.ListPodResourcesResponse) -> list[inuse.Assignment]:

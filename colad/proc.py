@@ -1,4 +1,4 @@
-"""Process-level set-up shared by the three roles: dying with supervisord, a root-only umask.
+"""Process-level behaviour shared by the roles: dying with supervisord, a root-only umask, reload, state files.
 
 If supervisord is killed (even with SIGKILL) its children would live on, and
 the next supervisord would start a second set that finds the sockets taken.
@@ -8,10 +8,14 @@ PR_SET_PDEATHSIG makes the kernel send each role SIGTERM when its parent dies.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 
+from colad import config as config_mod
 from colad import log
+from colad.config import Config
+from colad.errors import ConfigError
 
 LOG = log.get(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -34,3 +38,37 @@ def setup_role() -> None:
     """Call first in every role's main(): files and sockets we create are root-only."""
     os.umask(0o077)
     die_with_parent()
+
+
+def reload_config(running: Config) -> tuple[Config, tuple[str, ...]]:
+    """Re-read the config (SIGHUP) and say what applies; raises ConfigError, logged, if it is refused.
+
+    The whole file is validated before anything changes. Restart-only keys keep
+    their running values (logged); the log level takes effect at once.
+    """
+    try:
+        applied, deferred = config_mod.reload_plan(running, config_mod.load())
+    except ConfigError as exc:
+        LOG.error("reload refused; the running config stays", reason=str(exc))
+        raise
+    for key in deferred:
+        LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(running, key))
+    log.set_level(applied.log_level)
+    return applied, deferred
+
+
+def write_state_file(path: str, body: object) -> None:
+    """Replace the JSON state file `path` atomically (root-only, in a 0700 directory); never raises.
+
+    Readers (`colad status`, `colad check`, `colad reload`) see the old or the new
+    file, never half of one. A failure is logged: a state file is never worth a crash.
+    """
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(body, handle)
+        os.replace(tmp, path)
+    except OSError as exc:
+        LOG.warning("state file not written", path=path, error=exc)

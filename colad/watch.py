@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import pyinotify
 
-from colad import config as config_mod
 from colad import log, proc
 from colad.config import Config
 from colad.errors import ConfigError
@@ -269,14 +268,9 @@ class WatcherLoop:
     def reload(self) -> None:
         """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one."""
         try:
-            new = config_mod.load()
-        except ConfigError as exc:
-            LOG.error("reload refused; the running config stays", reason=str(exc))
+            applied, deferred = proc.reload_config(self.cfg)
+        except ConfigError:
             return
-        applied, deferred = config_mod.reload_plan(self.cfg, new)
-        for key in deferred:
-            LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(self.cfg, key))
-        log.set_level(applied.log_level)
         previous, self.cfg = self.cfg, applied
         self.apply_config(previous)
         LOG.info("config reloaded", resources=",".join(r.name for r in applied.resources), deferred=len(deferred))
