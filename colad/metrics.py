@@ -13,7 +13,7 @@ import os
 import socket
 import socketserver
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -28,6 +28,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 
 from colad import __version__, constants, log
 
@@ -272,9 +273,7 @@ class Metrics:
             self.last_registration,
             self.device_allocations,
         ):
-            for labels in list(family._metrics):  # noqa: SLF001 - no public listing in 0.16
-                if labels[0] == resource:
-                    family.remove(*labels)
+            _remove_where(family, lambda labels: labels[0] == resource)
 
     def allocated(self, resource: str, device_ids: Iterable[str]) -> None:
         ids = list(device_ids)
@@ -288,9 +287,7 @@ class Metrics:
         """Drop per-device series of devices that are gone, so labels stay bounded by the device count."""
         if not self.per_device:
             return
-        for labels in list(self.device_allocations._metrics):  # noqa: SLF001 - no public listing in 0.16
-            if labels[0] == resource and labels[1] not in present:
-                self.device_allocations.remove(*labels)
+        _remove_where(self.device_allocations, lambda labels: labels[0] == resource and labels[1] not in present)
 
     def set_in_use(self, up: bool, counts: dict[str, int], holders: Iterable[tuple[str, str, str, str, str]]) -> None:
         """Publish the in-use view; series of gone resources and holders are removed (labels stay bounded).
@@ -299,17 +296,20 @@ class Metrics:
         empty `counts` and `holders`: unknown is absent, not zero.
         """
         self.pod_resources_up.set(1 if up else 0)
-        for labels in list(self.devices_in_use._metrics):  # noqa: SLF001 - no public listing in 0.16
-            if labels[0] not in counts:
-                self.devices_in_use.remove(*labels)
+        _remove_where(self.devices_in_use, lambda labels: labels[0] not in counts)
         for resource, count in counts.items():
             self.devices_in_use.labels(resource).set(count)
         wanted = set(holders) if self.per_device else set()
-        for labels in list(self.device_holder_info._metrics):  # noqa: SLF001
-            if labels not in wanted:
-                self.device_holder_info.remove(*labels)
+        _remove_where(self.device_holder_info, lambda labels: labels not in wanted)
         for labels in wanted:
             self.device_holder_info.labels(*labels).set(1)
+
+
+def _remove_where(family: MetricWrapperBase, doomed: Callable[[Sequence[str]], bool]) -> None:
+    """Remove the series of `family` whose label values `doomed` picks, so labels stay bounded."""
+    for labels in list(family._metrics):  # noqa: SLF001 - no public listing in prometheus-client 0.16
+        if doomed(labels):
+            family.remove(*labels)
 
 
 def _versions() -> dict[str, str]:
