@@ -3,6 +3,7 @@
 If supervisord is killed (even with SIGKILL) its children would live on, and
 the next supervisord would start a second set that finds the sockets taken.
 PR_SET_PDEATHSIG makes the kernel send each role SIGTERM when its parent dies.
+Nothing here assumes who the parent is: in a container supervisord is PID 1.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    # Compare with the parent recorded before prctl, never with PID 1: in a
+    # container supervisord *is* PID 1 (issue 16), and on a host an orphan may be
+    # adopted by a subreaper rather than init. A different parent afterwards
+    # means it died before the death signal was armed.
+    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         result = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
@@ -30,8 +36,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         return
     if result != 0:
         LOG.warning("cannot ask to die with the parent", errno=ctypes.get_errno())
-    elif os.getppid() == 1:
-        os.kill(os.getpid(), sig)  # the parent was already gone before prctl took effect
+    elif os.getppid() != parent:
+        LOG.warning("parent died during start-up", parent=parent)
+        os.kill(os.getpid(), sig)
 
 
 def setup_role() -> None:
