@@ -19,6 +19,7 @@ import pyinotify
 from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
+from colad.errors import MessageError
 from colad.queue import QueueClient
 
 LOG = log.get(__name__)
@@ -50,11 +51,19 @@ def is_plugin_socket_name(name: str) -> bool:
 
 
 def plugin_sockets(kubelet_dir: str) -> tuple[str, ...]:
+    """Names of the sockets (only sockets: a file or directory of that name is not ours) named like colad's."""
     try:
         names = os.listdir(kubelet_dir)
     except OSError:
         return ()
-    return tuple(sorted(n for n in names if is_plugin_socket_name(n)))
+    return tuple(sorted(n for n in names if is_plugin_socket_name(n) and _is_socket(os.path.join(kubelet_dir, n))))
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 class KubeletWatch(watch.WatcherLoop):
@@ -88,7 +97,23 @@ class KubeletWatch(watch.WatcherLoop):
             )
         else:
             LOG.info("plugin sockets changed", reason=reason, sockets=",".join(state[1]) or "-")
-        self.client.publish(messages.KubeletState(self.epoch, seq, state[0], state[1]))
+        self.client.publish(self.state_message(seq, state))
+
+    def state_message(self, seq: int, state: tuple[str, tuple[str, ...]]) -> messages.KubeletState:
+        """The state as a message that fits the queue's frame limit, measured on its encoding.
+
+        The plugin re-checks the directory itself; the names are a hint. A directory
+        holding more socket names than a frame can carry sends none, rather than
+        an exception that would end the role (a queued message that never encodes).
+        """
+        message = messages.KubeletState(self.epoch, seq, state[0], state[1])
+        try:
+            messages.encode(message)
+        except MessageError as exc:
+            self.stats.count("input.oversized_state")
+            LOG.warning("too many plugin sockets to report; sending none", sockets=len(state[1]), error=exc)
+            message = messages.KubeletState(self.epoch, seq, state[0], ())
+        return message
 
     def step(self, timeout: float | None) -> None:
         events = self.wait(timeout)

@@ -10,9 +10,13 @@ changes. Callers treat every event as "look again" (level-triggered).
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import select
 import signal
+import struct
+import termios
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -43,22 +47,38 @@ class Event:
         return bool(self.mask & pyinotify.IN_Q_OVERFLOW)
 
 
-class Inotify:
-    def __init__(self) -> None:
-        self.wm = pyinotify.WatchManager()
-        self._pending: list[Event] = []
-        self.notifier = pyinotify.Notifier(self.wm, default_proc_fun=self._collect, timeout=0)
+# struct inotify_event (<sys/inotify.h>): wd, mask, cookie, len, then `len` bytes of NUL-padded name.
+_EVENT = struct.Struct("iIII")
 
-    def _collect(self, event: pyinotify.Event) -> None:
-        self._pending.append(
-            Event(getattr(event, "wd", -1), getattr(event, "path", ""), getattr(event, "name", ""), event.mask)
-        )
+
+class Inotify:
+    """pyinotify's WatchManager adds and removes the watches; the events are read and parsed here.
+
+    pyinotify 0.9.6's Notifier decodes each name strictly (PLATFORM-NOTES section 9):
+    one non-UTF-8 name raised out of read_events and cost the other events of that
+    read. Names stay bytes until here and become str with os.fsdecode
+    (surrogateescape), exactly as os.listdir() spells them.
+    """
+
+    def __init__(self, count: Callable[[str], None] | None = None) -> None:
+        self.wm = pyinotify.WatchManager()
+        os.set_blocking(self.fileno(), False)  # read() must never wait: poll() said it is readable
+        os.set_inheritable(self.fileno(), False)
+        self.count = count or (lambda name: None)
+        self._refused: set[str] = set()
 
     def fileno(self) -> int:
         return int(self.wm.get_fd())
 
     def add(self, path: str, mask: int) -> int | None:
-        result = self.wm.add_watch(path, mask, quiet=True)
+        try:
+            result = self.wm.add_watch(path, mask, quiet=True)
+        except ValueError as exc:  # UnicodeEncodeError: pyinotify encodes the path strictly
+            if path not in self._refused:  # ensure() retries every turn: say it once
+                self._refused.add(path)
+                self.count("input.bad_watch_path")
+                LOG.warning("cannot watch a path that is not valid text", path=path, error=exc)
+            return None
         wd = result.get(path, -1)
         return wd if wd >= 0 else None
 
@@ -67,13 +87,48 @@ class Inotify:
             self.wm.rm_watch(wd, quiet=True)
 
     def read(self) -> list[Event]:
-        self.notifier.read_events()
-        self.notifier.process_events()
-        events, self._pending = self._pending, []
+        """Every complete event the kernel has queued; never raises on a name."""
+        try:
+            data = os.read(self.fileno(), _queued(self.fileno()))
+        except BlockingIOError:
+            return []
+        events = []
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            raw = data[offset + _EVENT.size : offset + _EVENT.size + length].split(b"\0", 1)[0]
+            offset += _EVENT.size + length
+            if mask & pyinotify.IN_Q_OVERFLOW:
+                events.append(Event(-1, "", "", mask))
+                continue
+            watch = self.wm.get_watch(wd)
+            if watch is None:
+                continue  # a watch we removed: its IN_IGNORED and late events (pyinotify dropped them too)
+            if mask & pyinotify.IN_IGNORED:
+                self.wm.del_watch(wd)  # the kernel dropped the watch (the directory went)
+            name = os.fsdecode(raw)
+            if not name.isascii() and not _is_text(name):
+                self.count("input.undecodable_name")  # delivered all the same; the role decides
+            events.append(Event(wd, watch.path, name, mask))
         return events
 
     def close(self) -> None:
-        self.notifier.stop()
+        self.wm.close()
+
+
+def _queued(fd: int) -> int:
+    """Bytes in the inotify queue (FIONREAD), at least one event with the longest name."""
+    size = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, size, True)
+    return max(size[0], _EVENT.size + 256)
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8
+        return False
+    return True
 
 
 def poll(fds: Iterable[int | None], timeout: float | None, *, priority: Iterable[int | None] = ()) -> set[int]:
@@ -168,13 +223,26 @@ class DirWatch:
 class SignalWaker:
     """Makes a blocking poll() return when a signal arrives (PEP 475 would resume it), or on wake().
 
-    `signals=False` gives the bare pipe, for a loop run outside the main thread (tests).
+    `handlers` are installed, then their signals unblocked: `colad` blocks them at its
+    first instruction, so a SIGHUP or SIGTERM sent during start-up waits, pending, and
+    is handled here instead of killing the role. `signals=False` gives the bare pipe,
+    for a loop run outside the main thread (tests).
     """
 
-    def __init__(self, *, signals: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        signals: bool = True,
+        handlers: dict[int, Callable[[int, object], None]] | None = None,
+    ) -> None:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         if signals:
             signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+            for signum, handler in (handlers or {}).items():
+                signal.signal(signum, handler)
+            if handlers:
+                # Harmless when nothing was blocked; a pending signal runs its handler now.
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, set(handlers))
 
     def wake(self) -> None:
         os.write(self.write_fd, b"x")
@@ -230,13 +298,13 @@ class WatcherLoop:
         self.cfg = cfg
         self.role = role
         self.client = client or QueueClient(cfg.queue_socket)
-        self.inotify = Inotify()
-        self.run_dir = DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
-        self.mounts = MountWatch()
-        self.mounts.drain()
         self.epoch = time.time_ns()
         self.seq = 0
         self.stats = StatsReporter(self.client, role, self.epoch)
+        self.inotify = Inotify(self.stats.count)
+        self.run_dir = DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
+        self.mounts = MountWatch()
+        self.mounts.drain()
         self.stopping = False
         self.reload_requested = False
         self.waker: SignalWaker | None = None
@@ -300,7 +368,6 @@ def run_role(name: str, build: Callable[[], WatcherLoop], cfg: Config, **fields:
     log.setup(name, cfg.log_level)
     proc.setup_role()
     role = build()
-    role.waker = SignalWaker()
 
     def stop(signum: int, _frame: object) -> None:
         role.stopping = True
@@ -308,8 +375,6 @@ def run_role(name: str, build: Callable[[], WatcherLoop], cfg: Config, **fields:
     def reload(signum: int, _frame: object) -> None:
         role.reload_requested = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGHUP, reload)
+    role.waker = SignalWaker(handlers={signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: reload})
     LOG.info(f"{name} starting", queue=cfg.queue_socket, **fields)
     return int(role.run())  # type: ignore[attr-defined]
