@@ -2,16 +2,21 @@
 
 `ColadService` starts `python -m colad supervise` with COLAD_* variables
 pointing into a temporary root, waits on supervisord's XML-RPC interface, and
-gives tests the processes' pids, the log, and helpers to kill things.
+gives tests the processes' pids, the log, and helpers to kill things. Every
+started service is guarded (see `Guard`): a role that restarts unasked, or a
+traceback in a colad log, fails the test that was running.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import xmlrpc.client
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,89 @@ from colad.status import supervisor_proxy
 from tests.helpers import wait_until
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
+SUPERVISORD = "supervisord"
+TRACEBACK = "Traceback (most recent call last)"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# supervisord's own log lines (supervisor/process.py), which `nodaemon` echoes into the colad log.
+_SPAWNED = re.compile(r" INFO spawned: '(?P<name>[^']+)' with pid (?P<pid>\d+)")
+_SUPERVISOR_NOTE = re.compile(r" (?:WARN|INFO|CRIT) (?:exited|gave up|stopped|killing): (?P<name>[\w.-]+)")
+# Signals after which a process is gone, so supervisord starts a new one.
+_NON_FATAL = {0, signal.SIGSTOP, signal.SIGCONT, signal.SIGHUP, signal.SIGWINCH, signal.SIGCHLD, signal.SIGURG}
+
+_LIVE: list[ColadService] = []  # every started service whose guard has not reported its end yet
+
+
+@dataclass
+class Guard:
+    """Tells the restarts a test asked for from the ones it did not, and finds tracebacks.
+
+    Ground truth is supervisord's `spawned: 'x' with pid N` line: the first spawn of
+    each program after `start()` is its start, every further one must have been declared
+    with `expect_restart` (which `kill` and `restart` do). The pids supervisord reports
+    must be the last ones spawned. Logs are scanned once each, from the service's start,
+    so a service shared by several tests blames each test only for what appeared during it.
+    """
+
+    budget: Counter[str] = field(default_factory=Counter)  # declared restarts not yet seen
+    baseline: dict[str, int] = field(default_factory=dict)  # the pid each role is expected to have
+    started: set[str] = field(default_factory=set)  # programs spawned since the last start()
+    offsets: dict[Path, int] = field(default_factory=dict)  # bytes of each log already scanned
+    notes: dict[str, list[str]] = field(default_factory=dict)  # supervisord's last lines per program
+    problems: list[str] = field(default_factory=list)  # found, not yet reported to a test
+    flagged: set[tuple[str, int]] = field(default_factory=set)  # (role, baseline) already reported as down
+
+    def expect(self, role: str, times: int) -> None:
+        self.budget[role] += times
+
+    def new_start(self) -> None:
+        self.started = set()
+
+    def spawned(self, name: str, pid: int, line: str) -> str | None:
+        old = self.baseline.get(name)
+        self.baseline[name] = pid
+        if name not in self.started:
+            self.started.add(name)
+            return None
+        if self.budget[name] > 0:
+            self.budget[name] -= 1
+            return None
+        said = "\n    ".join(self.notes.get(name, [])[-3:]) or "(no exit line from supervisord)"
+        return f"role {name} restarted without the test asking: pid {old} -> {pid}\n  supervisord:\n    {said}"
+
+    def checked_state(self, name: str, state: str, pid: int) -> str | None:
+        want = self.baseline.get(name)
+        if state in ("RUNNING", "STARTING") and pid == want:
+            return None
+        if state in ("RUNNING", "STARTING"):
+            return f"role {name} pid changed without a spawn line: {want} -> {pid} (state {state})"
+        if self.budget[name] > 0 or (name, want or 0) in self.flagged:
+            return None  # going down was asked for, and its restart is still to come
+        self.flagged.add((name, want or 0))
+        said = "\n    ".join(self.notes.get(name, [])[-3:]) or "(no exit line from supervisord)"
+        return f"role {name} is {state} without the test asking: pid {want} gone\n  supervisord:\n    {said}"
+
+
+def traceback_excerpts(text: str, where: str) -> list[str]:
+    """Each traceback in `text` (chained ones as one) with two lines of context before it."""
+    lines = text.splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        if TRACEBACK not in lines[i]:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and end < i + 60:
+            line = lines[end]
+            end += 1
+            if not line or line.startswith((" ", "\t", *_CHAINED)) or TRACEBACK in line:
+                continue
+            # The exception line ends a traceback, unless a chained one follows it.
+            rest = [s for s in lines[end : end + 2] if s]
+            if not (rest and rest[0].startswith(_CHAINED)):
+                break
+        found.append(f"traceback in {where}:\n" + "\n".join("  | " + s for s in lines[max(0, i - 2) : end]))
+        i = end
+    return found
 
 
 class ColadService:
@@ -50,10 +138,21 @@ class ColadService:
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_mark = 0  # tests sharing one service read the log from here on
+        self.guard = Guard()
+        self._stopped = True  # by stop(): supervisord's exit was asked for
+        self._exit_seen = True  # supervisord's exit has been accounted for
 
     # Life cycle
     def start(self) -> None:
+        if self.proc is not None:
+            self.guard_check()  # an earlier supervisord that died unasked is reported, not forgotten
+        elif self.log_path.exists():  # another service used this root: its log is not ours to blame
+            self.guard.offsets.setdefault(self.log_path, self.log_path.stat().st_size)
+        self.guard.offsets.setdefault(self.log_path, 0)
+        if self not in _LIVE:
+            _LIVE.append(self)
         log = open(self.log_path, "ab")  # O_APPEND: supervisord's children reopen /dev/stdout
+        self.guard.new_start()
         self.proc = subprocess.Popen(
             [self.python, "-m", "colad", "supervise"],
             env=self.env,
@@ -63,19 +162,97 @@ class ColadService:
             start_new_session=True,
         )
         log.close()
+        self._stopped = self._exit_seen = False
+        self.guard.baseline[SUPERVISORD] = self.proc.pid  # `colad supervise` execs supervisord
         self.wait_running()
+        self.guard_check()
 
     def stop(self, timeout: float = 20.0) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
+            self.guard_check()  # before the roles go: a pid that changed unasked
+            self._stopped = True
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        self.guard_check()  # and what the shutdown itself logged
+        self._stopped = True
         return self.proc.returncode
+
+    # The guard
+    def expect_restart(self, *roles: str, times: int = 1) -> None:
+        """Declare that the test itself makes each role (or supervisord) exit `times` times."""
+        for role in roles:
+            if role not in (*PROGRAMS, SUPERVISORD) and role not in self.guard.baseline:
+                raise ValueError(f"unknown role {role!r}")
+            self.guard.expect(role, times)
+
+    def guard_check(self) -> list[str]:
+        """Check pids and logs now; return the new problems (they are also kept for `take_problems`)."""
+        new: list[str] = []
+        running = self.proc is not None and self.proc.poll() is None
+        states = self.states() if running else {}  # first, so every pid it shows has its spawn line logged
+        new += self._scan_logs()
+        if self.proc is not None and not running and not self._exit_seen:
+            self._exit_seen = True
+            if not self._stopped and self.guard.budget[SUPERVISORD] > 0:
+                self.guard.budget[SUPERVISORD] -= 1
+            elif not self._stopped:
+                new.append(f"role {SUPERVISORD} exited (rc {self.proc.returncode}) without the test asking: "
+                           f"pid {self.proc.pid}")
+        for name, (state, pid) in states.items():
+            if name in PROGRAMS or name in self.guard.started:
+                problem = self.guard.checked_state(name, state, pid)
+                if problem:
+                    new.append(problem)
+        self.guard.problems += new
+        return new
+
+    def take_problems(self) -> list[str]:
+        """Check once more (if supervisord still runs) and hand over everything not yet reported."""
+        if self.proc is not None and not (self._stopped and self._exit_seen):
+            self.guard_check()
+        problems, self.guard.problems = self.guard.problems, []
+        if problems:
+            problems.append(f"(colad log: {self.log_path})")
+        return problems
+
+    def _scan_logs(self) -> list[str]:
+        paths = [self.log_path]
+        try:  # supervisord's child logs (an AUTO stderr log, an event listener's), if any
+            paths += sorted(p for p in self.run_dir.iterdir() if p.suffix == ".log" and p.is_file())
+        except OSError:
+            pass
+        found = []
+        for path in paths:
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(self.guard.offsets.setdefault(path, 0))
+                    chunk = handle.read()
+            except OSError:
+                continue
+            chunk = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only: the rest is scanned next time
+            self.guard.offsets[path] += len(chunk)
+            text = chunk.decode(errors="replace")
+            if path == self.log_path:
+                found += self._supervisor_lines(text)
+            found += traceback_excerpts(text, path.name)
+        return found
+
+    def _supervisor_lines(self, text: str) -> list[str]:
+        found = []
+        for line in text.splitlines():
+            if note := _SUPERVISOR_NOTE.search(line):
+                self.guard.notes.setdefault(note["name"], []).append(line.strip())
+            elif spawn := _SPAWNED.search(line):
+                problem = self.guard.spawned(spawn["name"], int(spawn["pid"]), line)
+                if problem:
+                    found.append(problem)
+        return found
 
     def rpc(self) -> Any:
         return supervisor_proxy(str(self.run_dir / "supervisor.sock"))
@@ -108,9 +285,20 @@ class ColadService:
         return int((self.run_dir / "supervisord.pid").read_text())
 
     def kill(self, program: str, sig: int = signal.SIGKILL) -> int:
-        pid = self.pids()[program]
+        """Signal a role (or supervisord); a signal that ends it declares the restart to the guard."""
+        pid = self.supervisord_pid() if program == SUPERVISORD else self.pids()[program]
+        if sig not in _NON_FATAL:
+            self.expect_restart(program)
         os.kill(pid, sig)
         return pid
+
+    def restart(self, program: str, timeout: float = 30.0) -> int:
+        """Restart one role through supervisord, as `supervisorctl restart` does; return its new pid."""
+        old = self.pids()[program]
+        self.expect_restart(program)
+        self.rpc().supervisor.stopProcess(f"colad:{program}")
+        self.rpc().supervisor.startProcess(f"colad:{program}")
+        return self.wait_running(timeout, exclude_pids={program: old})[program]
 
     # Devices
     def add(self, *names: str) -> None:
@@ -137,3 +325,13 @@ class ColadService:
             f"{count}x {needle!r} in the colad log",
             logs=[self.log_path],
         )
+
+
+def guard_report() -> list[str]:
+    """Every guarded service's problems not yet reported; forgets services whose end was reported."""
+    problems: list[str] = []
+    for service in list(_LIVE):
+        problems += service.take_problems()
+        if service.proc is None or service.proc.poll() is not None:
+            _LIVE.remove(service)
+    return problems
