@@ -39,6 +39,8 @@ RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory")
 SERVER_RESTART_REASONS = ("start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry")
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
+INPUT_PREFIX = "input."
+PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
 
 
 @dataclass
@@ -84,9 +86,15 @@ def _proc_figures(pid: int) -> dict[str, float] | None:
 class PeerCollector:
     """Exports the discovery and watcher counters and every colad process' /proc figures."""
 
-    def __init__(self, peers: Peers, own: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        peers: Peers,
+        own: Callable[[], dict[str, int]],
+        own_inputs: Callable[[], dict[str, int]] = dict,
+    ) -> None:
         self.peers = peers
         self.own = own  # the plugin's own queue counters, by event
+        self.own_inputs = own_inputs  # the plugin's own input rejections, by reason
 
     def collect(self) -> Iterator[Metric]:
         pids, counters = self.peers.snapshot()
@@ -107,6 +115,20 @@ class PeerCollector:
             for event in ("sent", "dropped"):
                 queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))
         yield queue
+        # Every "input.<reason>" counter a role sends (bad names, oversized snapshots, parse
+        # timeouts, unusable directories...): the names are checked label-safe by messages.py.
+        inputs = CounterMetricFamily(
+            "colad_input_rejected",
+            "Inputs a colad process refused or left alone (and went on), by process role and reason.",
+            labels=["role", "reason"],
+        )
+        for reason, value in sorted(self.own_inputs().items()):
+            inputs.add_metric(["plugin", reason], value)
+        for role in sorted(counters):
+            for name, value in sorted(counters[role].items()):
+                if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
+                    inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
+        yield inputs
         pids = {"plugin": os.getpid(), "supervisord": os.getppid(), **pids}
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "cpu": CounterMetricFamily("colad_process_cpu_seconds", "CPU time of each colad process.", labels=["role"]),
@@ -223,8 +245,28 @@ class Metrics:
         )
         Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
+        self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
         self.peers = Peers()
-        r.register(PeerCollector(self.peers, lambda: dict(self.queue_events)))
+        r.register(PeerCollector(self.peers, lambda: dict(self.queue_events), lambda: dict(self.input_rejected)))
+        # The ListAndWatch answer measured against the kubelet's 4 MiB receive limit (service.fit_list).
+        self.list_bytes = Gauge(
+            "colad_list_and_watch_message_bytes",
+            "Encoded size of the latest device list for the kubelet, by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.list_dropped = Gauge(
+            "colad_list_and_watch_dropped_devices",
+            "Device IDs left out of the latest list to fit the kubelet's message limit, by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.list_cut = Counter(
+            "colad_list_and_watch_cuts",
+            "Device lists cut to fit the kubelet's message limit, by resource.",
+            ["resource"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         # The in-use view from the kubelet's PodResources API (podresources.py).
@@ -258,6 +300,9 @@ class Metrics:
         self.device_set_changes.labels(resource)
         self.streams.labels(resource).set(0)
         self.registered.labels(resource).set(0)
+        self.list_bytes.labels(resource).set(0)
+        self.list_dropped.labels(resource).set(0)
+        self.list_cut.labels(resource)
 
     def remove_resource(self, resource: str) -> None:
         """Drop every series of a resource a reload removed."""
@@ -272,6 +317,9 @@ class Metrics:
             self.registered,
             self.last_registration,
             self.device_allocations,
+            self.list_bytes,
+            self.list_dropped,
+            self.list_cut,
         ):
             _remove_where(family, lambda labels: labels[0] == resource)
 

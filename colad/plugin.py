@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from colad import config as config_mod
-from colad import constants, devices, log, messages, proc
+from colad import constants, log, messages, proc
 from colad.config import Config, Resource
 from colad.devices import DeviceSet
 from colad.errors import ConfigError, InstanceError
@@ -31,8 +31,17 @@ from colad.kubelet_watch import plugin_sockets as _colad_sockets
 from colad.kubelet_watch import socket_identity
 from colad.metrics import Metrics, MetricsServer
 from colad.podresources import InUseWatcher
-from colad.queue import Peer, QueueServer, claim_socket_path
-from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
+from colad.queue import ForeignPathError, Peer, QueueServer, SocketRecord, claim_socket_path
+from colad.service import (
+    DeviceBroadcast,
+    DevicePluginServicer,
+    FittedList,
+    RegisterCall,
+    StreamEvents,
+    build_server,
+    fit_list,
+)
+from colad.status import RoleHealth
 
 LOG = log.get(__name__)
 
@@ -45,6 +54,11 @@ STREAM_EXPECTED_WITHIN = 10.0
 CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let supervisord restart us
 DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
 MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not serve (yet): a reload may add them
+SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
+# Discovery reports at least once per rescan_interval (its periodic rescan bumps a counter it sends);
+# silent for this many intervals (plus slack), the list the kubelet holds may be stale.
+SILENT_INTERVALS = 3
+SILENT_SLACK = 10.0
 
 
 class State(enum.Enum):
@@ -87,6 +101,7 @@ class Registration:
         self.stream_check_at: float | None = None
         self.streams: dict[int, int] = {}
         self.have_devices = False
+        self.fit: FittedList | None = None  # the last list measured against the kubelet's limit
         self.last_error = ""
         self.since = plugin.wall()
         self.started = plugin.clock()
@@ -149,12 +164,12 @@ class Registration:
         if self.server is not None:
             self.server.stop(grace=0).wait(5)
             self.server = None
-        if self.socket_path and os.path.lexists(self.socket_path):
-            try:
-                os.unlink(self.socket_path)
-            except OSError as exc:
-                LOG.warning("old socket not removed", path=self.socket_path, error=exc)
+        if self.socket_path:
+            self.plugin.sockets.remove(self.socket_path)  # only if it is still the socket we made
         self.socket_path = None
+
+    def socket_intact(self) -> bool:
+        return self.socket_path is not None and self.plugin.sockets.intact(self.socket_path)
 
     def _serve(self, cause: str) -> None:
         """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
@@ -181,6 +196,7 @@ class Registration:
         server = build_server(servicer, path)
         server.start()
         self.server, self.socket_path = server, path
+        self.plugin.sockets.add(path)
         LOG.info("serving", resource=self.name, endpoint=name, generation=self.generation)
 
     def register(self, reason: str, cause: str, *, fresh_server: bool = False) -> None:
@@ -191,7 +207,7 @@ class Registration:
         self.cancel_call()
         self.retry_at = None
         try:
-            if fresh_server or self.socket_path is None or not os.path.exists(self.socket_path):
+            if fresh_server or not self.socket_intact():
                 self._serve(cause)
         except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
             self._failed(f"cannot serve: {exc}")
@@ -260,7 +276,7 @@ class Registration:
         if identity and identity != self.kubelet_identity:
             self.backoff = BACKOFF_MIN
             self.register(f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh_server=True)
-        elif self.socket_path is None or not os.path.exists(self.socket_path):
+        elif not self.socket_intact():
             self.register(f"plugin socket removed ({reason})", "socket_removed", fresh_server=True)
 
     def on_devices(self, physical: DeviceSet, changed: bool, seq: int, dir_present: bool) -> None:
@@ -275,6 +291,7 @@ class Registration:
             for health in (constants.HEALTHY, constants.UNHEALTHY):
                 metrics.devices.labels(self.name, health).set(advertised.count(health))
             metrics.forget_devices(self.name, set(advertised.ids))
+            self._report_fit()
             LOG.info(
                 "devices updated",
                 resource=self.name,
@@ -287,6 +304,25 @@ class Registration:
             self.plugin.write_state()
         if first and self.state is State.STARTING:
             self.register("start", "start")
+
+    def _report_fit(self) -> None:
+        fit = self.fit
+        if fit is None:
+            return
+        metrics = self.plugin.metrics
+        metrics.list_bytes.labels(self.name).set(fit.size)
+        metrics.list_dropped.labels(self.name).set(fit.dropped)
+        if fit.dropped:
+            metrics.list_cut.labels(self.name).inc()
+            LOG.warning(
+                "device list cut to fit the kubelet's message limit",
+                resource=self.name,
+                sent=len(fit.devices),
+                wanted=fit.wanted,
+                bytes=fit.size,
+                limit=constants.KUBELET_MAX_RECV_MESSAGE_BYTES,
+                replicas=self.resource.replicas,
+            )
 
     def on_stream(self, event: _Event) -> None:
         self.streams[event.generation] = self.streams.get(event.generation, 0) + event.payload
@@ -363,6 +399,11 @@ class Plugin:
         self.errors: list[float] = []
         self.started = clock()
         self.last_reload: dict[str, object] = {}
+        self.sockets = SocketRecord(os.path.join(cfg.run_dir, SOCKET_RECORD_NAME))
+        self.roles = RoleHealth(cfg)
+        self.last_heard = {"discovery": clock()}  # from the start: a discovery that never reports is silent too
+        self.queue_problem = ""
+        self.warned: set[str] = set()  # problems already logged once (a foreign object is named once)
         for resource in cfg.resources:
             self.registrations[resource.name] = Registration(self, resource)
         # Who holds which device, from the kubelet's PodResources API; reads self.cfg, so a reload counts.
@@ -373,9 +414,11 @@ class Plugin:
         self.metrics.queue_events["received"] += 1
         if isinstance(message, messages.Stats):
             self.metrics.peers.update(message.role, peer.pid, message.counters)
+            self.last_heard[message.role] = self.clock()
             return
         role = "discovery" if isinstance(message, messages.DeviceSnapshot) else "kubelet-watch"
         self.metrics.peers.update(role, peer.pid)
+        self.last_heard[role] = self.clock()
         changed = False
         if isinstance(message, messages.DeviceSnapshot):
             with self.snapshots_lock:
@@ -390,22 +433,50 @@ class Plugin:
 
     @staticmethod
     def _advertise(registration: Registration, physical: DeviceSet) -> bool:
-        return registration.broadcast.update(devices.replicate(physical, registration.resource.replicas))
+        # Measured against the kubelet's 4 MiB receive limit: a list that does not fit is cut
+        # (deterministically, see fit_list), never sent to fail at the kubelet and end the stream.
+        fit = fit_list(physical, registration.resource.replicas)
+        registration.fit = fit
+        return registration.broadcast.update(fit.devices)
 
     def _on_reject(self, reason: str) -> None:
         self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
 
     def health(self) -> tuple[bool, str]:
-        """For /healthz: every resource registered with a live ListAndWatch stream, or why not (one line)."""
+        """For /healthz: every resource registered with a live stream and an exact list, every role
+        RUNNING, discovery heard from recently; or every reason why not (one line)."""
         registrations = list(self.registrations.values())
+        problems = []
         for r in registrations:
             if r.state is State.REGISTERED and r.live_streams() == 0:
-                return False, f"{r.name}: registered, but the kubelet holds no live ListAndWatch stream"
-            if r.state is not State.REGISTERED:
+                problems.append(f"{r.name}: registered, but the kubelet holds no live ListAndWatch stream")
+            elif r.state is not State.REGISTERED:
                 error = f" ({r.last_error})" if r.last_error else ""
-                return False, f"{r.name}: not registered: {r.state.value}{error}"
+                problems.append(f"{r.name}: not registered: {r.state.value}{error}")
+            fit = r.fit
+            if fit is not None and fit.dropped:
+                problems.append(
+                    f"{r.name}: list cut to {len(fit.devices)} of {fit.wanted} device IDs "
+                    f"to fit the kubelet's {constants.KUBELET_MAX_RECV_MESSAGE_BYTES} byte message limit"
+                )
+        roles = self.roles.problems()
+        problems.extend(roles or ())
+        silent = self.clock() - self.last_heard.get("discovery", self.started)
+        expected = SILENT_INTERVALS * self.cfg.rescan_interval + SILENT_SLACK
+        if silent > expected:
+            problems.append(f"discovery silent for {silent:.0f}s (expected within {expected:.0f}s): list may be stale")
+        if self.queue_problem:
+            problems.append(f"queue not listening: {self.queue_problem}")
+        if problems:
+            return False, "; ".join(problems)
         parts = [f"{r.name}, {len(r.broadcast.devices)} devices" for r in registrations]
-        return True, "ok: registered as " + "; ".join(parts)
+        unchecked = "" if roles is not None else " (not under supervisord: roles not checked)"
+        return True, "ok: registered as " + "; ".join(parts) + unchecked
+
+    def warn_once(self, key: str, msg: str, **fields: object) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            LOG.warning(msg, **fields)
 
     def stop(self) -> None:
         self.events.put(_Event("stop"))
@@ -555,13 +626,25 @@ class Plugin:
         try:
             os.makedirs(self.cfg.run_dir, mode=0o700, exist_ok=True)
             server.start()
+        except ForeignPathError as exc:
+            # Never removed, never worth an exit: named once, retried on the safety timer, on /healthz.
+            server.stop()
+            self.queue_problem = str(exc)
+            key = f"queue:{exc}"
+            if key not in self.warned:
+                self.warned.add(key)
+                self.metrics.input_rejected["foreign_path"] += 1
+                LOG.error("queue socket path holds something colad did not make; retrying", error=str(exc))
+            return
         except InstanceError:
             server.stop()
             raise
         except OSError as exc:
             server.stop()
+            self.queue_problem = f"{self.cfg.run_dir}: {exc}"
             LOG.error("run directory not usable; retrying", run_dir=self.cfg.run_dir, reason=reason, error=exc)
             return
+        self.queue_problem = ""
         self.queue = server
 
     def claim_instance(self) -> None:
@@ -574,13 +657,25 @@ class Plugin:
         while True:
             try:
                 for name in _colad_sockets(self.cfg.kubelet_dir):
-                    claim_socket_path(os.path.join(self.cfg.kubelet_dir, name))
+                    self._claim(os.path.join(self.cfg.kubelet_dir, name))
+                self.sockets.prune()
                 self.start_queue("start")
                 return
             except InstanceError:
                 if self.clock() >= deadline:
                     raise
                 time.sleep(0.1)
+
+    def _claim(self, path: str) -> None:
+        """Remove a stale socket colad recorded creating; leave (and name once) anything else."""
+        try:
+            claim_socket_path(path, owns=lambda st: self.sockets.owns(path, st))
+        except ForeignPathError as exc:
+            if path not in self.warned:
+                self.metrics.input_rejected["foreign_path"] += 1
+            self.warn_once(path, "kubelet directory entry left alone", path=path, reason=str(exc))
+        except OSError as exc:
+            self.warn_once(path, "kubelet directory entry not checked; left alone", path=path, error=exc)
 
     def run(self) -> int:
         self.claim_instance()

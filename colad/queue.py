@@ -11,9 +11,11 @@ Both ends check the peer's uid with SO_PEERCRED before trusting a byte.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import selectors
 import socket
+import stat
 import struct
 import threading
 import time
@@ -45,22 +47,48 @@ def frame(message: messages.Message) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
-def claim_socket_path(path: str) -> None:
-    """Make `path` free for bind(): remove a stale socket, refuse a live one.
+class ForeignPathError(InstanceError):
+    """The path holds something colad cannot tell is its own (not a socket, another uid's, not recorded)."""
 
-    A socket left by a dead process refuses connections; one that accepts
-    belongs to a live instance, which we must never steal from.
+
+def kind_of(mode: int) -> str:
+    """What an lstat() mode is, in words, for a log line."""
+    for test, name in (
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISFIFO, "FIFO"),
+    ):
+        if test(mode):
+            return name
+    return "device node"
+
+
+def claim_socket_path(path: str, *, owns: Callable[[os.stat_result], bool] | None = None) -> None:
+    """Make `path` free for bind(): remove a stale socket of ours, refuse a live one, touch nothing else.
+
+    lstat() first, never following a symlink: only a socket of our uid (and, with
+    `owns`, one colad recorded creating) that refuses connections is removed.
+    Anything else raises ForeignPathError and stays; a live socket raises InstanceError.
     """
-    if not os.path.lexists(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ForeignPathError(f"{path} is a {kind_of(st.st_mode)}, not a socket colad made; left alone")
+    if st.st_uid != os.geteuid():
+        raise ForeignPathError(f"{path} is a socket of uid {st.st_uid}, not ours; left alone")
+    if owns is not None and not owns(st):
+        raise ForeignPathError(f"{path} is a socket colad has no record of creating; left alone")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
         # Nobody listens (or it just went away): a stale socket left by a dead process.
-        if os.path.lexists(path):
-            os.unlink(path)
+        _unlink_if_same(path, st)
         return
     except OSError as exc:
         # EAGAIN (a full backlog), a timeout, EACCES...: somebody may well be there.
@@ -68,6 +96,81 @@ def claim_socket_path(path: str) -> None:
     finally:
         probe.close()
     raise InstanceError(f"{path} is in use by a live process; is another colad running?")
+
+
+def _unlink_if_same(path: str, seen: os.stat_result) -> None:
+    """Remove `path` only if it is still the very socket we looked at (it may have been replaced since)."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(now.st_mode) and (now.st_dev, now.st_ino) == (seen.st_dev, seen.st_ino):
+        os.unlink(path)
+
+
+class SocketRecord:
+    """The plugin sockets colad created, by path with (dev, inode), kept in the run directory.
+
+    Only a socket recorded here may be removed from the kubelet directory: a
+    name that merely looks like ours may belong to someone else. Never raises.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: dict[str, tuple[int, int]] = {}
+        try:
+            with open(path, encoding="utf-8") as handle:
+                raw = json.load(handle)
+            for item in raw.get("sockets", []):
+                name, dev, ino = item
+                if isinstance(name, str) and isinstance(dev, int) and isinstance(ino, int):
+                    self.entries[name] = (dev, ino)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            LOG.warning("socket record unreadable; starting a new one", path=path, error=exc)
+
+    def owns(self, path: str, st: os.stat_result) -> bool:
+        return stat.S_ISSOCK(st.st_mode) and self.entries.get(path) == (st.st_dev, st.st_ino)
+
+    def intact(self, path: str) -> bool:
+        """Is our socket still at `path` (not removed, not replaced by something else)?"""
+        try:
+            return self.owns(path, os.lstat(path))
+        except OSError:
+            return False
+
+    def add(self, path: str) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            LOG.warning("socket not recorded", path=path, error=exc)
+            return
+        self.entries[path] = (st.st_dev, st.st_ino)
+        self._save()
+
+    def remove(self, path: str) -> None:
+        """Unlink `path` if it is still our socket, and forget it; anything else there stays."""
+        try:
+            if self.intact(path):
+                os.unlink(path)
+        except OSError as exc:
+            LOG.warning("old socket not removed", path=path, error=exc)
+        if self.entries.pop(path, None) is not None:
+            self._save()
+
+    def prune(self) -> None:
+        """Forget sockets that are gone (the kubelet removes every socket when it restarts)."""
+        gone = [p for p in self.entries if not self.intact(p)]
+        for path in gone:
+            del self.entries[path]
+        if gone:
+            self._save()
+
+    def _save(self) -> None:
+        from colad import proc  # here: proc loads config, which the queue module must not need
+
+        proc.write_state_file(self.path, {"sockets": [[p, d, i] for p, (d, i) in sorted(self.entries.items())]})
 
 
 class _Connection:
@@ -111,8 +214,7 @@ class QueueServer:
         # Bind under a temporary name and rename once listening: a sender that sees
         # queue.sock appear (inotify) must never find it refusing connections.
         staging = f"{self.path}.{os.getpid()}.tmp"
-        if os.path.lexists(staging):
-            os.unlink(staging)
+        claim_socket_path(staging)
         old = os.umask(0o177)
         try:
             listener.bind(staging)
@@ -121,7 +223,7 @@ class QueueServer:
         os.chmod(staging, 0o600)
         listener.listen(16)
         os.rename(staging, self.path)
-        self.inode = os.stat(self.path).st_ino
+        self.inode = os.lstat(self.path).st_ino
         listener.setblocking(False)
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, None)
@@ -133,7 +235,8 @@ class QueueServer:
     def intact(self) -> bool:
         """Is our socket file still in place (not deleted, not replaced)?"""
         try:
-            return self._listener is not None and os.stat(self.path).st_ino == self.inode
+            st = os.lstat(self.path)
+            return self._listener is not None and stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode
         except OSError:
             return False
 
@@ -150,7 +253,10 @@ class QueueServer:
         if self._listener:
             self._listener.close()
             if self.intact():  # never remove a socket that is no longer ours
-                os.unlink(self.path)
+                try:
+                    os.unlink(self.path)
+                except OSError as exc:
+                    LOG.warning("queue socket not removed", path=self.path, error=exc)
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -172,9 +278,20 @@ class QueueServer:
         assert self._listener is not None
         try:
             sock, _ = self._listener.accept()
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
-        peer = peer_of(sock)
+        except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: the listener stays readable, so do not spin on it
+            LOG.warning("queue accept failed; pausing", path=self.path, error=exc)
+            self.on_reject("accept_failed")
+            self._stop.wait(0.5)
+            return
+        try:
+            peer = peer_of(sock)
+        except OSError as exc:
+            LOG.warning("queue peer refused", reason=f"no peer credentials: {exc}")
+            self.on_reject("peer_uid")
+            sock.close()
+            return
         if peer.uid not in self.allowed_uids:
             LOG.warning("queue peer refused", reason="uid not allowed", peer_pid=peer.pid, peer_uid=peer.uid)
             self.on_reject("peer_uid")
@@ -217,7 +334,17 @@ class QueueServer:
                 self._reject(conn, str(exc))
                 return
             if self.tracker.accept(message, conn):
-                self.on_message(message, conn.peer)
+                try:
+                    self.on_message(message, conn.peer)
+                except Exception as exc:  # the callback's fault, not the peer's: name the message, keep the peer
+                    LOG.error(
+                        "queue message not handled",
+                        type=message.type,
+                        seq=message.seq,
+                        peer_pid=conn.peer.pid,
+                        error=repr(exc),
+                    )
+                    self.on_reject("handler_error")
             else:
                 self.on_reject("stale")
                 LOG.debug("queue message stale", type=message.type, epoch=message.epoch, seq=message.seq)

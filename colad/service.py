@@ -12,14 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
 from colad import allocation, constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.devices import Device, DeviceSet
+from colad.devices import REPLICA_SEPARATOR, Device, DeviceSet, replicate
 from colad.errors import AllocationError
 from colad.metrics import Metrics
 
@@ -96,6 +96,59 @@ def _device(d: Device) -> pb.Device:
 
 def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
     return pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
+
+
+@dataclass(frozen=True)
+class FittedList:
+    """What ListAndWatch may send: `devices` encode to `size` bytes; `wanted` IDs were asked for."""
+
+    devices: DeviceSet
+    size: int
+    wanted: int
+
+    @property
+    def dropped(self) -> int:
+        return self.wanted - len(self.devices)
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def fit_list(physical: DeviceSet, replicas: int, limit: int = constants.KUBELET_MAX_RECV_MESSAGE_BYTES) -> FittedList:
+    """The advertised list, cut to the largest deterministic subset whose encoding fits `limit`.
+
+    The kubelet's gRPC client refuses a bigger message (RESOURCE_EXHAUSTED) and the
+    stream ends, so a list that does not fit is never sent whole. The cut keeps every
+    physical device with as many replicas as fit: all of replica 0 in ID order, then
+    all of replica 1, and so on. Sizes are measured with ByteSize(), never estimated.
+    """
+    wanted = replicate(physical, replicas)
+    size = to_response(wanted).ByteSize()
+    if size <= limit:
+        return FittedList(wanted, size, len(wanted))
+    rounds = max(1, replicas)
+    order = [
+        (replace(d, device_id=f"{d.device_id}{REPLICA_SEPARATOR}{n}") if replicas > 1 else d)
+        for n in range(rounds)
+        for d in physical
+    ]
+    kept: list[Device] = []
+    total = 0
+    for device in order:
+        element = _device(device).ByteSize()
+        element += 1 + _varint_size(element)  # field 1 tag and the length prefix of the repeated entry
+        if total + element > limit:
+            break
+        total += element
+        kept.append(device)
+    fitted = DeviceSet.of(kept)
+    size = to_response(fitted).ByteSize()
+    while size > limit and kept:  # the arithmetic above is checked by measuring the real message
+        kept.pop()
+        fitted = DeviceSet.of(kept)
+        size = to_response(fitted).ByteSize()
+    return FittedList(fitted, size, len(wanted))
 
 
 def to_container_response(result: allocation.ContainerAllocation) -> pb.ContainerAllocateResponse:

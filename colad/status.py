@@ -8,24 +8,111 @@ Exit codes: 0 all running and registered; 1 running but degraded; 3 colad is not
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import sys
+import threading
 import time
 import xmlrpc.client
+from collections.abc import Callable
 from typing import Any
 
 from colad import inuse
 from colad.config import Config
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
+ROLE_CHECK_TIMEOUT = 1.0  # /healthz must answer fast even when supervisord is busy
+ROLE_CHECK_CACHE = 2.0  # seconds a role check is reused: probes and scrapes must not hammer supervisord
 
 
-def supervisor_proxy(socket_path: str) -> Any:
-    from supervisor.xmlrpc import SupervisorTransport
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
 
-    transport = SupervisorTransport(None, None, serverurl="unix://" + socket_path)
-    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    """XML-RPC over supervisord's unix socket, with a timeout on every call (SupervisorTransport has none)."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__()
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def make_connection(self, host: Any) -> http.client.HTTPConnection:
+        self.close()
+        connection = _UnixHTTPConnection(self.socket_path, self.timeout)
+        self._connection = host, connection
+        return connection
+
+
+def supervisor_proxy(socket_path: str, timeout: float = 10.0) -> Any:
+    return xmlrpc.client.ServerProxy("http://localhost", transport=_UnixTransport(socket_path, timeout))
+
+
+def not_running(infos: list[dict[str, Any]]) -> list[str]:
+    """"<name> is <STATE>" for every process supervisord runs that is not RUNNING (pure)."""
+    problems = []
+    for info in sorted(infos, key=lambda i: str(i.get("name"))):
+        if info.get("statename") != "RUNNING":
+            problems.append(f"{info.get('name')} is {info.get('statename')}")
+    return problems
+
+
+class RoleHealth:
+    """For the plugin's /healthz: which colad processes supervisord reports as not RUNNING.
+
+    Asked over XML-RPC with a short timeout and cached briefly. A plugin that is not a
+    child of the supervisord of its run directory (run alone, as the integration tests
+    do) has no roles to check and says so; under supervisord, no answer is a problem.
+    """
+
+    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.socket_path = cfg.supervisor_socket
+        self.pid_file = os.path.join(cfg.run_dir, "supervisord.pid")
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, list[str] | None] | None = None
+
+    def supervised(self) -> bool:
+        try:
+            with open(self.pid_file, encoding="ascii") as handle:
+                return int(handle.read().strip() or 0) == os.getppid()
+        except (OSError, ValueError):
+            return False
+
+    def problems(self) -> list[str] | None:
+        """None when there is no supervisord to ask; else every process not RUNNING (or why we cannot tell)."""
+        with self._lock:
+            now = self.clock()
+            if self._cached is not None and now - self._cached[0] < ROLE_CHECK_CACHE:
+                return self._cached[1]
+            result = self._ask()
+            self._cached = (self.clock(), result)
+            return result
+
+    def _ask(self) -> list[str] | None:
+        if not self.supervised():
+            return None
+        try:
+            infos = supervisor_proxy(self.socket_path, ROLE_CHECK_TIMEOUT).supervisor.getAllProcessInfo()
+        except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+            return [f"supervisord not answering on {self.socket_path}: {exc}"]
+        if not isinstance(infos, list):
+            return [f"supervisord answered {type(infos).__name__}, not a process list"]
+        return not_running([i for i in infos if isinstance(i, dict)])
 
 
 def collect(cfg: Config) -> dict[str, Any]:
@@ -64,7 +151,7 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {"running": False, "processes": {}, "plugin": None, "problems": []}
     try:
         infos = supervisor_proxy(cfg.supervisor_socket).supervisor.getAllProcessInfo()
-    except (OSError, xmlrpc.client.Error) as exc:
+    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
         report["problems"].append(f"supervisord not reachable on {cfg.supervisor_socket}: {exc}")
         return report
     report["running"] = True
@@ -72,9 +159,11 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
         uptime = info["now"] - info["start"] if info["pid"] else 0
         report["processes"][info["name"]] = {"state": info["statename"], "pid": info["pid"], "uptime": uptime}
     for name in PROGRAMS:
-        state = report["processes"].get(name, {}).get("state", "MISSING")
-        if state != "RUNNING":
-            report["problems"].append(f"{name} is {state}")
+        if name not in report["processes"]:
+            report["problems"].append(f"{name} is MISSING")
+    # Every process supervisord runs counts, the watchdog listener too: a role in BACKOFF,
+    # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it.
+    report["problems"].extend(not_running(infos))
     try:
         with open(cfg.plugin_state_file, encoding="utf-8") as handle:
             plugin = json.load(handle)
