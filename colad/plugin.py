@@ -27,8 +27,7 @@ from colad import constants, log, messages, proc
 from colad.config import Config, Resource
 from colad.devices import DeviceSet
 from colad.errors import ConfigError, InstanceError
-from colad.kubelet_watch import plugin_sockets as _colad_sockets
-from colad.kubelet_watch import socket_identity
+from colad.kubelet_watch import is_plugin_socket_name, socket_identity
 from colad.metrics import Metrics, MetricsServer
 from colad.podresources import InUseWatcher
 from colad.queue import ForeignPathError, Peer, QueueServer, SocketRecord, claim_socket_path
@@ -656,7 +655,7 @@ class Plugin:
         deadline = self.clock() + 5.0
         while True:
             try:
-                for name in _colad_sockets(self.cfg.kubelet_dir):
+                for name in self._colad_names():
                     self._claim(os.path.join(self.cfg.kubelet_dir, name))
                 self.sockets.prune()
                 self.start_queue("start")
@@ -665,6 +664,14 @@ class Plugin:
                 if self.clock() >= deadline:
                     raise
                 time.sleep(0.1)
+
+    def _colad_names(self) -> list[str]:
+        """Every entry named like our sockets, whatever it is: a foreign one is named in the log once."""
+        try:
+            return sorted(n for n in os.listdir(self.cfg.kubelet_dir) if is_plugin_socket_name(n))
+        except OSError as exc:
+            self.warn_once(self.cfg.kubelet_dir, "kubelet directory not listed", path=self.cfg.kubelet_dir, error=exc)
+            return []
 
     def _claim(self, path: str) -> None:
         """Remove a stale socket colad recorded creating; leave (and name once) anything else."""

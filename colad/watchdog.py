@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from colad import log
+from colad import log, proc
 from colad.config import Config
 from colad.status import supervisor_proxy
 
@@ -180,6 +180,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     log.setup("watchdog", cfg.log_level)
+    proc.setup_role()  # root-only umask; dies with supervisord (stdin EOF would end it too)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(sys.stderr)
