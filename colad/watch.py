@@ -154,7 +154,7 @@ def poll(fds: Iterable[int | None], timeout: float | None, *, priority: Iterable
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: an embedded NUL; such a path is never there
         return None
     return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
 
@@ -281,8 +281,11 @@ class MountWatch:
     def drain(self) -> None:
         """Re-read the table, which re-arms the notification."""
         if self.handle is not None:
-            self.handle.seek(0)  # type: ignore[attr-defined]
-            self.handle.read()  # type: ignore[attr-defined]
+            try:
+                self.handle.seek(0)  # type: ignore[attr-defined]
+                self.handle.read()  # type: ignore[attr-defined]
+            except OSError as exc:  # the next identity check still happens; the table is only a hint
+                LOG.warning("cannot re-read the mount table", error=exc)
 
 
 class WatcherLoop:

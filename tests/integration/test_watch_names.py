@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ from pathlib import Path
 import pyinotify
 import pytest
 
+from colad.kubelet_watch import KubeletWatch, plugin_sockets
+from colad.messages import MAX_MESSAGE_BYTES
 from colad.watch import Event, Inotify, poll
+from tests.integration.support import make_config
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +172,44 @@ def test_signal_waker_unblocks_a_signal_that_arrived_while_blocked() -> None:
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "handled", (result.returncode, result.stderr)
     assert result.returncode != -signal.SIGHUP
+
+
+def test_undecodable_names_and_refused_paths_are_counted_once_each(short_tmp: Path) -> None:
+    counted: list[str] = []
+    notify = Inotify(counted.append)
+    try:
+        bad = os.fsdecode(os.fsencode(short_tmp) + b"/dir\xff")
+        for _ in range(3):  # ensure() retries every turn: one count, one log line
+            assert notify.add(bad, MASK) is None
+        assert counted == ["input.bad_watch_path"]
+        assert notify.add(str(short_tmp), MASK) is not None
+        life(os.fsencode(short_tmp), b"x\xff", b"good")
+        life(os.fsencode(short_tmp), b"good", b"good2")
+        assert len(read_all(notify)) == 12
+        assert counted.count("input.undecodable_name") == 4  # create, modify, close_write, moved_from of x\xff
+    finally:
+        notify.close()
+
+
+def test_plugin_sockets_are_sockets_only(short_tmp: Path) -> None:
+    """A directory or a regular file named like colad's socket is not one (and must never be claimed)."""
+    (short_tmp / "colad-1.sock").mkdir()
+    (short_tmp / "colad-2.sock").write_bytes(b"")
+    os.symlink(short_tmp / "colad-4.sock", short_tmp / "colad-3.sock")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(short_tmp / "colad-4.sock"))
+    os.close(os.open(os.fsencode(short_tmp) + b"/colad-\xff.sock", os.O_WRONLY | os.O_CREAT, 0o600))
+    assert plugin_sockets(str(short_tmp)) == ("colad-4.sock",)
+
+
+def test_a_kubelet_state_too_large_to_frame_is_sent_without_names(short_tmp: Path) -> None:
+    cfg = make_config(short_tmp)
+    watcher = KubeletWatch(cfg)
+    try:
+        names = tuple(f"colad-{i:0200d}.sock" for i in range(MAX_MESSAGE_BYTES // 200 + 1))
+        message = watcher.state_message(1, ("1:2:3", names))
+        assert message.plugin_sockets == () and message.kubelet_socket == "1:2:3"
+        assert watcher.stats.counters == {"input.oversized_state": 1}
+        assert watcher.state_message(2, ("1:2:3", names[:3])).plugin_sockets == names[:3]
+    finally:
+        watcher.close()
