@@ -1,7 +1,7 @@
 """`colad supervise`: render the supervisord template and run supervisord in the foreground.
 
 Reads: the Config and the supervisord template (conf/supervisord.conf).
-Writes: <run_dir>/supervisord.conf, then replaces itself with supervisord, so
+Writes: <run_dir>/supervisord.conf (atomically: never empty or half written), then replaces itself with supervisord, so
 systemd (or the terminal) sees supervisord as the main process. Children
 get the config file's path and the keys set by flags as COLAD_* variables. This is what the systemd
 unit runs.
@@ -9,6 +9,7 @@ unit runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import socket
@@ -60,11 +61,28 @@ def stdout_is_journal() -> bool:
     return bool(inode) and f"{st.st_dev}:{st.st_ino}" == f"{device}:{inode}"
 
 
-def render(cfg: Config, template: str, *, journal: bool) -> str:
+def user_name() -> str | None:
+    """Our user's name, or None when the uid has no passwd entry (a container run as a bare uid)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
+
+
+def render(cfg: Config, template: str, *, journal: bool, user: str | None = "") -> str:
+    """The template with its fields filled in; `user` "" looks our name up, None drops the user= line.
+
+    supervisord refuses a user= that names no passwd entry, even our own uid, and needs
+    none when it does not change user.
+    """
+    if user == "":
+        user = user_name()
+    if user is None:
+        template = "\n".join(line for line in template.split("\n") if line.strip() != "user=${user}")
     fields = {
         "run_dir": cfg.run_dir,
         "python": sys.executable,
-        "user": pwd.getpwuid(os.geteuid()).pw_name,
+        "user": user or "",
         "child_log": _SYSLOG_LOG if journal else _STDOUT_LOG,
     }
     try:
@@ -75,8 +93,13 @@ def render(cfg: Config, template: str, *, journal: bool) -> str:
 
 def prepare_run_dir(cfg: Config) -> None:
     """Create the run directory root-only, and refuse to start over a live instance."""
-    os.makedirs(cfg.run_dir, mode=0o700, exist_ok=True)
-    st = os.stat(cfg.run_dir)
+    try:
+        os.makedirs(cfg.run_dir, mode=0o700, exist_ok=True)
+        st = os.stat(cfg.run_dir)
+    except OSError as exc:
+        raise InstanceError(f"run_dir {cfg.run_dir}: cannot create it: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InstanceError(f"run_dir {cfg.run_dir}: not a directory")
     if st.st_uid != os.geteuid():
         raise InstanceError(f"run directory {cfg.run_dir} is owned by uid {st.st_uid}, not us")
     if stat.S_IMODE(st.st_mode) != 0o700:
@@ -95,23 +118,46 @@ def prepare_run_dir(cfg: Config) -> None:
             probe.close()
 
 
+def read_template(cfg: Config) -> str:
+    path = template_path(cfg)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"supervisord_template: cannot read {path}: {reason}") from None
+
+
+def write_conf(path: str, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, fsync, then rename."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except (OSError, UnicodeError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def main(args: object = None, cfg: Config | None = None) -> int:
     assert cfg is not None
     log.setup("supervise", cfg.log_level)
     os.umask(0o077)
-    try:
-        text = template_path(cfg).read_text(encoding="utf-8")
-        rendered = render(cfg, text, journal=stdout_is_journal())
-        prepare_run_dir(cfg)
-    except (ConfigError, InstanceError, OSError) as exc:
-        print(f"colad: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
     conf_path = os.path.join(cfg.run_dir, constants.SUPERVISOR_CONF_NAME)
     try:
-        with open(conf_path, "w", encoding="utf-8") as handle:
-            handle.write(rendered)
-    except OSError as exc:
-        print(f"colad: cannot write {conf_path}: {exc}", file=sys.stderr)
+        rendered = render(cfg, read_template(cfg), journal=stdout_is_journal())
+        prepare_run_dir(cfg)
+        write_conf(conf_path, rendered)
+    except (ConfigError, InstanceError) as exc:
+        print(f"colad: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"colad: cannot write {conf_path}: {reason}", file=sys.stderr)
         return 1
     env = dict(os.environ)
     # Only what the environment and flags set: the children read the file themselves,
@@ -121,5 +167,8 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     command = [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", conf_path]
     LOG.info("starting supervisord", config=conf_path, run_dir=cfg.run_dir)
     sys.stdout.flush()
-    os.execve(sys.executable, command, env)
-    return 0  # not reached
+    try:
+        os.execve(sys.executable, command, env)
+    except OSError as exc:
+        print(f"colad: cannot run supervisord ({sys.executable}): {exc.strerror or exc}", file=sys.stderr)
+    return 1  # reached only when execve failed
