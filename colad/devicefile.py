@@ -2,8 +2,9 @@
 
 Discovery reads at most MAX_FILE_BYTES + 1 bytes of each device file and hands
 them to parse(), which returns a Device (devices.py) and never raises: a
-malformed file becomes an Unhealthy device whose `problem` names the key. No
-I/O, no logging, no clock. The format is documented in docs/DEVICES.md.
+malformed file becomes an Unhealthy device whose `problem` names the key. A
+linear pre-scan first refuses keys that would make tomllib slow, so a parse has
+a budget. No I/O, no logging, no clock. The format is in docs/DEVICES.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,25 @@ _KEYS = frozenset(("version", "health", "numa_nodes", "cdi_devices", "envs", "an
 _DEVICE_NODE_KEYS = frozenset(("host_path", "container_path", "permissions"))
 _MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only"))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+# tomllib builds a dotted key's tuple one part at a time and then checks every prefix of it, so a
+# key of n parts costs O(n^2): a 64 KiB `a.a.a...= 1` takes 20 s. The format's deepest key has two
+# parts (`envs.NAME`, `annotations."x/y"`, `[envs]`); 8 leaves room for any honest spelling and
+# keeps the worst file in milliseconds (tests/unit/test_devicefile_hostile.py measures it).
+MAX_KEY_PARTS = 8
+# Strings are lexed as tomllib lexes them, so the scan agrees with the parser up to the first point
+# where tomllib fails anyway (it ends a multi-line string at the first closing triple and takes up
+# to 2 more quotes). An unterminated string runs to the end of its line (or of a multi-line string,
+# the text): every alternative matches where it starts and nothing is scanned twice over.
+_BASIC = r'"(?:[^"\\\n]++|\\[^\n]?)*+"?'
+_LITERAL = r"'[^'\n]*+'?"
+_PART = rf"(?:(?<![A-Za-z0-9_-])[A-Za-z0-9_-]++|{_BASIC}|{_LITERAL})"
+_SCAN = re.compile(
+    rf"(?P<deep>{_PART}(?:[ \t]*+\.[ \t]*+{_PART}){{{MAX_KEY_PARTS}}})"
+    r'|"""(?:[^"\\]++|\\.|"(?!""))*+(?:""""{0,2})?'
+    r"|'''(?:[^']++|'(?!''))*+(?:''''{0,2})?"
+    rf"|{_BASIC}|{_LITERAL}|#[^\n]*+",
+    re.DOTALL,
+)
 
 
 class _Malformed(Exception):
@@ -58,6 +78,9 @@ def _parse(device_id: str, data: bytes) -> Device:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _Malformed(f"not UTF-8 (invalid byte at offset {exc.start})") from None
+    line = deep_key(text)
+    if line is not None:
+        raise _Malformed(f"a key at line {line} has more than {MAX_KEY_PARTS} dotted parts (the format nests 2 deep)")
     try:
         table = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
@@ -86,6 +109,20 @@ def _parse(device_id: str, data: bytes) -> Device:
     if problem is not None:
         raise _Malformed(problem)
     return device
+
+
+def deep_key(text: str) -> int | None:
+    """The line of the first key of more than MAX_KEY_PARTS dotted parts in TOML `text`, or None.
+
+    Looks for chains of key parts (bare words or one-line strings joined by '.',
+    blanks allowed around it) outside strings and comments, in linear time: the
+    regex engine skips everything else. A value such as 1.5 is a chain of two,
+    which is why this only serves a generous limit.
+    """
+    for match in _SCAN.finditer(text):
+        if match.lastgroup == "deep":
+            return text.count("\n", 0, match.start()) + 1
+    return None
 
 
 _TYPE_NAMES = {int: "integers", str: "strings", dict: "tables ([[...]])"}

@@ -2,19 +2,21 @@
 
 Every message is a full snapshot (never a delta) with the sender's epoch and a
 per-sender increasing sequence number, so a lost, dropped, duplicated or
-replayed message costs latency, never correctness. Encoding is JSON with a
-type and a version field and a hard size limit; nothing is ever unpickled.
+replayed message costs latency, never correctness. Encoding is ASCII JSON with
+a type and a version field and a hard size limit, which snapshot_size() lets a
+sender meet exactly before it sends; nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from colad.config import resource_name_problem
-from colad.devices import DeviceSet, device_from_wire, device_to_wire
+from colad.devices import Device, DeviceSet, device_from_wire, device_to_wire
 from colad.errors import MessageError
 
 WIRE_VERSION = 1
@@ -92,22 +94,53 @@ MAX_COUNTERS = 64
 Message = DeviceSnapshot | KubeletState | Stats
 
 
-def encode(message: Message) -> bytes:
+def _dumps(body: object) -> bytes:
+    # ASCII on the wire (tests/unit/test_messages.py): any str encodes, a surrogate-escaped name too,
+    # at the price of 6 bytes per non-ASCII character, which snapshot_size() counts exactly.
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"v": WIRE_VERSION, "type": message.type, "epoch": message.epoch, "seq": message.seq}
     if isinstance(message, DeviceSnapshot):
         body["resource"] = message.resource
         body["dir_present"] = message.dir_present
-        body["devices"] = [device_to_wire(d) for d in message.devices]
+        body["devices"] = [device_to_wire(d) for d in message.devices] if devices is None else devices
     elif isinstance(message, KubeletState):
         body["kubelet_socket"] = message.kubelet_socket
         body["plugin_sockets"] = list(message.plugin_sockets)
     else:
         body["role"] = message.role
         body["counters"] = dict(message.counters)
-    data = json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return body
+
+
+def encode(message: Message) -> bytes:
+    """The message's wire bytes; MessageError if over MAX_MESSAGE_BYTES or not encodable."""
+    data = _dumps(_body(message))
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"{message.type} is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte limit")
     return data
+
+
+def device_wire_size(device: Device) -> int:
+    """Exact bytes `device` takes in an encoded DeviceSnapshot's list (without the separating comma)."""
+    if device.bare:
+        # ["<id>","<health>"]: IDs (devices.id_problem) and health values need no JSON escapes.
+        return len(device.device_id) + len(device.health) + 7
+    return len(_dumps(device_to_wire(device)))
+
+
+def snapshot_size(snapshot: DeviceSnapshot, device_sizes: Sequence[int] | None = None) -> int:
+    """Exact length of encode(snapshot), without its size check.
+
+    `device_sizes` (device_wire_size of each device, in order) saves encoding the devices again.
+    """
+    sizes = [device_wire_size(d) for d in snapshot.devices] if device_sizes is None else device_sizes
+    if len(sizes) != len(snapshot.devices):
+        raise ValueError("one size per device")
+    # The devices list is "[" + ",".join(entries) + "]"; the empty list's "[]" is already counted.
+    return len(_dumps(_body(snapshot, []))) + sum(sizes) + max(len(sizes) - 1, 0)
 
 
 def _need(body: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
