@@ -9,13 +9,14 @@ traceback in a colad log, fails the test that was running.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
 import xmlrpc.client
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,42 +48,45 @@ class Guard:
     so a service shared by several tests blames each test only for what appeared during it.
     """
 
-    budget: Counter[str] = field(default_factory=Counter)  # declared restarts not yet seen
+    budget: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # declared, not yet seen
     baseline: dict[str, int] = field(default_factory=dict)  # the pid each role is expected to have
     started: set[str] = field(default_factory=set)  # programs spawned since the last start()
     offsets: dict[Path, int] = field(default_factory=dict)  # bytes of each log already scanned
-    notes: dict[str, list[str]] = field(default_factory=dict)  # supervisord's last lines per program
+    notes: dict[str, list[str]] = field(default_factory=dict)  # supervisord's lines per program since its spawn
     problems: list[str] = field(default_factory=list)  # found, not yet reported to a test
     flagged: set[tuple[str, int]] = field(default_factory=set)  # (role, baseline) already reported as down
 
-    def expect(self, role: str, times: int) -> None:
-        self.budget[role] += times
+    def expect(self, role: str, times: float) -> None:
+        self.budget[role] += times  # math.inf: any number
 
     def new_start(self) -> None:
         self.started = set()
 
-    def spawned(self, name: str, pid: int, line: str) -> str | None:
-        old = self.baseline.get(name)
-        self.baseline[name] = pid
+    def spawned(self, name: str, pid: int) -> str | None:
+        old, said = self.baseline.get(name), self.said(name)
+        self.baseline[name], self.notes[name] = pid, []
         if name not in self.started:
             self.started.add(name)
             return None
         if self.budget[name] > 0:
             self.budget[name] -= 1
             return None
-        said = "\n    ".join(self.notes.get(name, [])[-3:]) or "(no exit line from supervisord)"
         return f"role {name} restarted without the test asking: pid {old} -> {pid}\n  supervisord:\n    {said}"
+
+    def said(self, name: str) -> str:
+        return "\n    ".join(self.notes.get(name, [])[-3:]) or "(no exit line from supervisord)"
 
     def checked_state(self, name: str, state: str, pid: int) -> str | None:
         want = self.baseline.get(name)
         if state in ("RUNNING", "STARTING") and pid == want:
             return None
         if state in ("RUNNING", "STARTING"):
+            self.baseline[name] = pid  # reported once
             return f"role {name} pid changed without a spawn line: {want} -> {pid} (state {state})"
         if self.budget[name] > 0 or (name, want or 0) in self.flagged:
             return None  # going down was asked for, and its restart is still to come
         self.flagged.add((name, want or 0))
-        said = "\n    ".join(self.notes.get(name, [])[-3:]) or "(no exit line from supervisord)"
+        said = self.said(name)
         return f"role {name} is {state} without the test asking: pid {want} gone\n  supervisord:\n    {said}"
 
 
@@ -184,12 +188,15 @@ class ColadService:
         return self.proc.returncode
 
     # The guard
-    def expect_restart(self, *roles: str, times: int = 1) -> None:
-        """Declare that the test itself makes each role (or supervisord) exit `times` times."""
+    def expect_restart(self, *roles: str, times: int | None = 1) -> None:
+        """Declare that the test itself makes each role (or supervisord) exit `times` times.
+
+        `times=None`: any number, for a test that crash-loops a role on purpose.
+        """
         for role in roles:
             if role not in (*PROGRAMS, SUPERVISORD) and role not in self.guard.baseline:
                 raise ValueError(f"unknown role {role!r}")
-            self.guard.expect(role, times)
+            self.guard.expect(role, math.inf if times is None else times)
 
     def guard_check(self) -> list[str]:
         """Check pids and logs now; return the new problems (they are also kept for `take_problems`)."""
@@ -249,7 +256,7 @@ class ColadService:
             if note := _SUPERVISOR_NOTE.search(line):
                 self.guard.notes.setdefault(note["name"], []).append(line.strip())
             elif spawn := _SPAWNED.search(line):
-                problem = self.guard.spawned(spawn["name"], int(spawn["pid"]), line)
+                problem = self.guard.spawned(spawn["name"], int(spawn["pid"]))
                 if problem:
                     found.append(problem)
         return found

@@ -4,7 +4,6 @@ a dead instance's sockets left behind, a filesystem mounted over the device dire
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -33,7 +32,7 @@ def test_supervisord_sigkill_takes_the_roles_down_and_a_new_start_recovers(
     kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
     children = list(colad.pids().values())
-    os.kill(colad.supervisord_pid(), signal.SIGKILL)
+    colad.kill("supervisord")
     for pid in children:  # PR_SET_PDEATHSIG: no orphan keeps the sockets
         wait_until(lambda pid=pid: not _alive(pid), 10, f"role pid {pid} to exit with supervisord")
     assert colad.proc is not None

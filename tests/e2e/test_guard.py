@@ -129,7 +129,7 @@ def test_guard_rules(lines: list[tuple[str, int]], state: str, pid: int, budget:
     guard = Guard()
     guard.new_start()
     guard.expect("plugin", budget)
-    found = [p for name, spawned in lines if (p := guard.spawned(name, spawned, ""))]
+    found = [p for name, spawned in lines if (p := guard.spawned(name, spawned))]
     found += [p for p in [guard.checked_state("plugin", state, pid)] if p]
     assert (problem is None and found == []) or (problem is not None and any(problem in p for p in found)), found
 
