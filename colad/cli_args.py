@@ -6,6 +6,12 @@ Kept apart from the subcommand modules so `colad --help` imports nothing heavy.
 from __future__ import annotations
 
 import argparse
+import os
+
+# As config.py checks configured socket paths: gRPC reads "unix:<path>" as a URI, and a
+# Unix socket path holds at most 107 bytes.
+_GRPC_UNSAFE = "%?#,"
+_SUN_PATH_MAX_BYTES = 107
 
 
 def _seconds(text: str) -> float:
@@ -16,6 +22,18 @@ def _seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
     return value
+
+
+def _socket_path(text: str) -> str:
+    try:
+        size = len(os.path.abspath(text).encode("utf-8"))
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8") from None
+    if not text.isprintable() or set(text) & set(_GRPC_UNSAFE):
+        raise argparse.ArgumentTypeError(f"{text!r}: no control characters or any of {_GRPC_UNSAFE!r}")
+    if size > _SUN_PATH_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes, over the {_SUN_PATH_MAX_BYTES} of a socket path")
+    return text
 
 
 def status(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +53,7 @@ def kubelet_sim(parser: argparse.ArgumentParser) -> None:
 
 def check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--socket", metavar="PATH", default=None,
+    parser.add_argument("--socket", metavar="PATH", default=None, type=_socket_path,
                         help="check this plugin socket only (default: every colad-*.sock in the kubelet directory)")
     parser.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS",
                         help="deadline of each call to the plugin (default 5)")
