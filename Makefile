@@ -12,17 +12,23 @@ DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml
 # and boot the installed package in a fresh bookworm root (debootstrap, systemd-nspawn).
 DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel \
 	dpkg-dev fakeroot lintian debootstrap systemd-container python3-pytest systemd man-db
+# Building and running the container image (make image, tests/e2e/test_image.py): rootful podman with runc
+# (packaging/kubernetes/containers.conf says why not crun), buildah as the fallback builder.
+IMAGE_PACKAGES := podman buildah runc
 # Debian packages the tests use: bookworm's own runtime (the .deb's dependencies).
 APT_PACKAGES := python3 python3-grpcio python3-protobuf python3-pyinotify python3-prometheus-client prometheus \
-	supervisor python3-venv $(DEB_PACKAGES)
+	supervisor python3-venv $(DEB_PACKAGES) $(IMAGE_PACKAGES)
+# `kubectl kustomize packaging/kubernetes`: Debian's kubernetes-client, unless a kubectl is already installed
+# (the upstream kubectl package conflicts with it over /usr/bin/kubectl).
+KUBECTL_PACKAGE := $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
 
-.PHONY: setup deps run test lint bench soak stubs deb clean
+.PHONY: setup deps run test lint bench soak stubs deb image image-base clean
 
 setup: deps $(VENV)/.installed $(PROTOC_VENV)/.installed
 
 # Install missing Debian packages only (no network when everything is there).
 deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	@missing=$$(for p in $(APT_PACKAGES) $(KUBECTL_PACKAGE); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
@@ -75,6 +81,18 @@ stubs: $(PROTOC_VENV)/.installed
 deb: deps
 	@mkdir -p dist
 	@packaging/build-deb.sh dist 2>dist/build-deb.log || { tail -n 40 dist/build-deb.log; exit 1; }
+
+# colad's container image (packaging/kubernetes/Dockerfile) from the .deb of `make deb`, built with podman
+# (or buildah) into the local image store. The last line printed is the image reference, localhost/colad:<version>.
+image: deps image-base
+	@mkdir -p dist
+	@deb=$$(packaging/build-deb.sh dist 2>dist/build-deb.log) || { tail -n 40 dist/build-deb.log; exit 1; }; \
+		$(PYTHON) -m tests.image build "$$deb"
+
+# No registry is reachable: `debian:bookworm-slim` is imported into local storage from a debootstrapped
+# bookworm minbase root, slimmed like Debian's own (tests/image.py), when it is missing.
+image-base: deps
+	@$(PYTHON) -m tests.image base
 
 clean:
 	rm -rf $(VENV) $(PROTOC_VENV) .sandbox build dist *.egg-info

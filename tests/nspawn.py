@@ -80,12 +80,16 @@ def _arch() -> str:
     return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def base_tarball(cache_dir: Path = CACHE_DIR) -> tuple[Path, bool]:
-    """The cached base root as a tarball, made with debootstrap when missing or stale; (path, was it cached)."""
+def base_tarball(cache_dir: Path = CACHE_DIR, include: tuple[str, ...] = INCLUDE) -> tuple[Path, bool]:
+    """The cached base root as a tarball, made with debootstrap when missing or stale; (path, was it cached).
+
+    `include=()` gives the bare minbase root that tests/image.py turns into the container image's base.
+    """
     mirror, arch = debian_mirror(), _arch()
-    spec = f"{BASE_FORMAT} {SUITE} {VARIANT} {','.join(INCLUDE)} {mirror} {arch}"
+    spec = f"{BASE_FORMAT} {SUITE} {VARIANT} {','.join(include)} {mirror} {arch}"
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
-    tarball = cache_dir / f"{SUITE}-base-{key}.tar"
+    label = "base" if include else VARIANT  # each kind of root is cached (and aged out) on its own
+    tarball = cache_dir / f"{SUITE}-{label}-{key}.tar"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once build it once
@@ -97,8 +101,8 @@ def base_tarball(cache_dir: Path = CACHE_DIR) -> tuple[Path, bool]:
             root.mkdir(mode=0o755)
             with open(log, "wb") as out:
                 result = subprocess.run(
-                    ["debootstrap", f"--variant={VARIANT}", f"--include={','.join(INCLUDE)}", f"--arch={arch}",
-                     SUITE, str(root), mirror],
+                    ["debootstrap", f"--variant={VARIANT}", *([f"--include={','.join(include)}"] if include else []),
+                     f"--arch={arch}", SUITE, str(root), mirror],
                     stdout=out, stderr=subprocess.STDOUT, env={"PATH": SYSTEM_PATH}, timeout=900,
                 )
             if result.returncode != 0:
@@ -112,7 +116,7 @@ def base_tarball(cache_dir: Path = CACHE_DIR) -> tuple[Path, bool]:
             os.replace(partial, tarball)  # atomic: a killed run never leaves half a cache
         finally:
             subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
-        for old in cache_dir.glob(f"{SUITE}-base-*.tar"):
+        for old in cache_dir.glob(f"{SUITE}-{label}-*.tar"):
             if old != tarball:
                 old.unlink(missing_ok=True)
         return tarball, False
