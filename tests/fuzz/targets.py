@@ -1,4 +1,4 @@
-"""Fuzz targets: the two decoders that take bytes from outside (queue frames and gRPC requests).
+"""Fuzz targets: the decoders that take bytes from outside (queue frames, gRPC requests, device files).
 
 Each target takes raw bytes and must only ever raise the error it documents.
 They run under atheris (coverage-guided) in `make soak`, and every input kept
@@ -7,9 +7,11 @@ in tests/fuzz/regressions/<target>/ runs as a plain unit test in `make test`.
 
 from __future__ import annotations
 
+import time
+
 from google.protobuf.message import DecodeError
 
-from colad import allocation, messages
+from colad import allocation, devicefile, messages
 from colad.api import deviceplugin_pb2 as pb
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
@@ -54,4 +56,21 @@ def requests_target(data: bytes) -> None:
         assert set(chosen) <= set(container.available_deviceIDs)
 
 
-TARGETS = {"messages": messages_target, "requests": requests_target}
+# A parse has a budget (devicefile's pre-scan): far above the ~0.1 s of the worst known input.
+DEVICEFILE_BUDGET_S = 1.0
+
+
+def devicefile_target(data: bytes) -> None:
+    """Device files: parse never raises, answers in bounded time, and what it accepts crosses the queue."""
+    started = time.perf_counter()
+    device = devicefile.parse("dev", data)
+    took = time.perf_counter() - started
+    assert took < DEVICEFILE_BUDGET_S, f"parse took {took:.2f} s"
+    assert device.device_id == "dev"
+    assert device.problem == "" or device.health == "Unhealthy"  # a malformed file is Unhealthy, with a reason
+    snapshot = messages.DeviceSnapshot(1, 1, DeviceSet.of([device]))
+    assert len(messages.encode(snapshot)) == messages.snapshot_size(snapshot)
+    assert messages.decode(messages.encode(snapshot)) == snapshot
+
+
+TARGETS = {"messages": messages_target, "requests": requests_target, "devicefile": devicefile_target}
