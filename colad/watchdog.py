@@ -126,6 +126,10 @@ def serve(
         text = line.decode("utf-8", "surrogateescape")
         header = parse_fields(text)
         length = header.get("len", "")
+        if not line.endswith(b"\n"):  # cut at MAX_HEADER_BYTES: not a header supervisord wrote; trust none of it
+            length = ""
+            while line and not line.endswith(b"\n"):
+                line = stdin.readline(MAX_HEADER_BYTES)
         payload = b""
         if not length.isdigit():
             LOG.warning("event header not understood; acknowledged and dropped", header=text.strip()[:200])
