@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -206,3 +207,37 @@ def test_bad_names_are_skipped_warned_and_counted_once(
     assert discovery.stats.counters["input.bad_name"] == len(BAD_NAMES)
     shutil.rmtree(device_dir)
     wait_snapshot(inbox, lambda s: len(s.devices) == 0, "directory gone")
+
+
+# Run as root without the two capabilities that let root read any directory: a real EACCES.
+_EACCES_SCAN = """
+import sys
+from colad import watch
+from colad.config import Resource
+from colad.devices import Device, DeviceSet
+from colad.discovery import ResourceWatch
+rw = ResourceWatch(watch.Inotify(), Resource("myway5.com/cola", sys.argv[1]))
+rw.current = DeviceSet.of([Device("cola1")])
+out = rw.scan(None)
+print(out.unusable, [(d.device_id, d.health, d.problem) for d in out.devices])
+"""
+
+
+def test_an_unreadable_directory_keeps_its_devices_unhealthy(short_tmp: Path) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH for a real EACCES")
+    locked = short_tmp / "locked"
+    locked.mkdir(mode=0)
+    caps = "-dac_override,-dac_read_search"
+    result = subprocess.run(
+        [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", sys.executable, "-c", _EACCES_SCAN, str(locked)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "EACCES: Permission denied [('cola1', 'Unhealthy', 'device directory unusable: EACCES Permission denied')]"
+    )
