@@ -6,20 +6,24 @@
     registered, exactly one live ListAndWatch stream at the kubelet, and the
     list the kubelet holds equals the device directory (every device Healthy)
 
-It records how long each recovery took. A fault whose invariant does not come
-back within its deadline counts as lost. Used by tests/chaos/test_chaos.py (a
-short run in `make test`) and tests/chaos/soak.py (`make soak`).
+and the guard (tests/service.py): no role exited that the fault did not kill
+itself, and no traceback reached a colad log. It records how long each recovery
+took. A fault whose invariant does not come back within its deadline counts as
+lost. Used by tests/chaos/test_chaos.py (a short run in `make test`) and
+tests/chaos/soak.py (`make soak`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,10 +34,22 @@ from colad import messages
 from colad.devices import Device, DeviceSet
 from colad.queue import frame
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import WaitTimeout, wait_until
+from tests.helpers import wait_until
 from tests.service import PROGRAMS, ColadService
 
 NOBODY = 65534
+RESOURCE = "myway5.com/cola"
+DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # README "Device IDs": anything else is skipped
+LIMIT = 65536  # MAX_DEVICE_FILE_BYTES: larger device files are Unhealthy
+# tomllib-pathological device files: each must turn Unhealthy at once, never stall the others.
+SLOW_FILES = {
+    "dotted": b"a" + b".a" * 30_000 + b" = 1\n",
+    "dotted-spaced": b"a" + b" . a" * 15_000 + b" = 1\n",
+    "dotted-quoted": b'"a"' + b'."a"' * 15_000 + b" = 1\n",
+    "table-header": b"[" + b"a." * 30_000 + b"a]\n",
+    "nested-arrays": b"envs = " + b"[" * 20_000 + b"]" * 20_000 + b"\n",
+    "nested-tables": b"x = " + b"{a=" * 10_000 + b"1" + b"}" * 10_000 + b"\n",
+}
 
 
 @dataclass
@@ -42,6 +58,7 @@ class Record:
     recovery_s: float | None  # None: the invariant did not come back within the deadline
     lost_devices: int = 0  # devices in the directory the kubelet did not hold as Healthy at the deadline
     detail: str = ""
+    guard: list[str] = field(default_factory=list)  # roles that exited unasked, tracebacks
 
 
 @dataclass
@@ -59,6 +76,13 @@ class Chaos:
         self.kubelet = FakeKubelet(self.root / "kubelet")
         # A short Register timeout, so a hanging kubelet is a quick fault to inject.
         self.colad = ColadService(self.root, extra_env={"COLAD_LOG_LEVEL": "INFO", "COLAD_REGISTER_TIMEOUT": "1"})
+        # The resource comes from the file, not COLAD_DEVICE_DIR, so a reload can try to change it.
+        del self.colad.env["COLAD_DEVICE_DIR"]
+        self.config = Path(self.colad.env["COLAD_CONFIG"])
+        self.good_config = f'[[resources]]\nname = "{RESOURCE}"\ndevice_dir = "{self.colad.device_dir}"\n'
+        self.config.write_text(self.good_config)
+        self.health: dict[str, set[str]] = {}  # devices whose health a fault sets (default: Healthy)
+        self.shutdown_guard: list[str] = []
         self.counter = 0
         self.faults: dict[str, Callable[[], None]] = {
             "kubelet_restart": self.kubelet_restart,
@@ -80,6 +104,10 @@ class Chaos:
             "queue_socket_deleted": self.queue_socket_deleted,
             "queue_garbage": self.queue_garbage,
             "queue_other_uid": self.queue_other_uid,
+            "bad_name_storm": self.bad_name_storm,
+            "oversized_files": self.oversized_files,
+            "slow_files": self.slow_files,
+            "config_alias_reload": self.config_alias_reload,
         }
 
     # ---- life cycle ----
@@ -90,12 +118,19 @@ class Chaos:
         self.wait_invariant("start")
 
     def stop(self) -> None:
+        before = len(self.colad.guard.problems)
         self.colad.stop()
+        self.shutdown_guard = self.colad.guard.problems[before:]  # what stopping itself logged
         self.kubelet.stop()
 
     # ---- the invariant ----
     def expected(self) -> dict[str, str]:
-        return {name: "Healthy" for name in self.colad.device_ids()}
+        """The devices of the directory, each with the health it must have (or one of several)."""
+        return {name: "Healthy" for name in self.colad.device_ids() if DEVICE_ID.fullmatch(name)}
+
+    def wrong(self, held: dict[str, str]) -> list[str]:
+        want = self.expected()
+        return sorted(n for n in set(want) | set(held) if held.get(n) not in self.health.get(n, {want.get(n)}))
 
     def problem(self) -> str | None:
         states = self.colad.states()
@@ -108,10 +143,13 @@ class Chaos:
             return "no live stream for the current endpoint"
         if self.kubelet.live_streams() != 1:
             return f"{self.kubelet.live_streams()} live streams"
-        held, want = self.kubelet.devices(), self.expected()
-        if held != want:
-            missing, extra = sorted(set(want) - set(held or {})), sorted(set(held or {}) - set(want))
-            return f"kubelet holds {len(held or {})}, directory {len(want)} (missing {missing[:5]}, extra {extra[:5]})"
+        if self.kubelet.resources() != [RESOURCE]:
+            return f"kubelet has resources {self.kubelet.resources()}"
+        held, want = self.kubelet.devices() or {}, self.expected()
+        if wrong := self.wrong(held):
+            missing, extra = sorted(set(want) - set(held)), sorted(set(held) - set(want))
+            return (f"kubelet holds {len(held)}, directory {len(want)} (missing {missing[:5]}, extra {extra[:5]}, "
+                    f"health {[(n, held.get(n)) for n in wrong[:5]]})")
         return None
 
     def wait_invariant(self, fault: str, deadline: float | None = None) -> float:
@@ -128,7 +166,7 @@ class Chaos:
     def change_devices(self) -> None:
         """Add one device and remove another, so every fault also tests that no change is lost."""
         self.colad.add(self.name())
-        current = sorted(self.colad.device_ids() - {"cocacola", "peisicola"})
+        current = sorted(n for n in self.colad.device_ids() if n.startswith("chaos-"))
         if len(current) > 3:
             self.colad.remove(self.rng.choice(current))
 
@@ -179,15 +217,12 @@ class Chaos:
     # ---- faults: colad's processes ----
     def sigkill_role(self) -> None:
         victim = self.rng.choice(PROGRAMS)
-        old = self.colad.pids()[victim]
-        os.kill(old, signal.SIGKILL)
+        old = self.colad.kill(victim)
         self.change_devices()
         self.colad.wait_running(exclude_pids={victim: old}, timeout=self.deadline)
 
     def sigkill_all_roles(self) -> None:
-        old = self.colad.pids()
-        for pid in old.values():
-            os.kill(pid, signal.SIGKILL)
+        old = {role: self.colad.kill(role) for role in PROGRAMS}
         self.change_devices()
         self.colad.wait_running(exclude_pids=old, timeout=self.deadline)
 
@@ -201,7 +236,7 @@ class Chaos:
             os.kill(pid, signal.SIGCONT)
 
     def sigkill_supervisord(self) -> None:
-        os.kill(self.colad.supervisord_pid(), signal.SIGKILL)
+        self.colad.kill("supervisord")
         assert self.colad.proc is not None
         self.colad.proc.wait(10)
         self.change_devices()
@@ -257,8 +292,7 @@ class Chaos:
         (self.colad.run_dir / "queue.sock").unlink(missing_ok=True)
         if self.rng.random() < 0.5:  # and a sender restarts before the plugin noticed
             role = self.rng.choice(["discovery", "kubelet-watch"])
-            old = self.colad.pids()[role]
-            os.kill(old, signal.SIGKILL)
+            old = self.colad.kill(role)
             self.colad.wait_running(exclude_pids={role: old}, timeout=self.deadline)
         self.change_devices()
 
@@ -298,6 +332,126 @@ class Chaos:
         os.waitpid(pid, 0)
         self.change_devices()
 
+    # ---- faults: hostile input (issue 12) ----
+    def bad_name(self) -> bytes:
+        """A name that is not UTF-8: lone continuation bytes, an encoded surrogate, an overlong '/'."""
+        junk = self.rng.choice([b"\xff\xfe", b"\x80", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe9t\xe9", os.urandom(3)])
+        name = b"bad" + junk + str(self.rng.randrange(10**6)).encode()
+        return name.replace(b"/", b"_").replace(b"\x00", b"_")
+
+    def bad_name_storm(self) -> None:
+        """Non-UTF-8 names created, written, renamed and deleted in every watched directory and their parents."""
+        dirs = [os.fsencode(p) for p in (self.colad.device_dir, self.colad.kubelet_dir, self.colad.run_dir, self.root)]
+        made: dict[bytes, list[bytes]] = {d: [] for d in dirs}
+        until = time.monotonic() + self.rng.uniform(0.5, 3.0)
+        ops = 0
+        while time.monotonic() < until and ops < 5_000:
+            where = self.rng.choice(dirs)
+            names = made[where]
+            action = self.rng.random() if names else 0.0
+            try:
+                if action < 0.35:
+                    names.append(self.bad_name())
+                    with open(os.path.join(where, names[-1]), "wb") as handle:
+                        handle.write(b"health = \"Healthy\"\n")
+                elif action < 0.55:  # rewrite in place: IN_MODIFY and IN_CLOSE_WRITE with a bad name
+                    with open(os.path.join(where, self.rng.choice(names)), "ab") as handle:
+                        handle.write(b"# more\n")
+                elif action < 0.75:
+                    old = names.pop(self.rng.randrange(len(names)))
+                    names.append(self.bad_name())
+                    os.rename(os.path.join(where, old), os.path.join(where, names[-1]))
+                elif action < 0.85:
+                    names.append(self.bad_name())
+                    os.mkdir(os.path.join(where, names[-1]))
+                else:
+                    victim = os.path.join(where, names.pop(self.rng.randrange(len(names))))
+                    os.rmdir(victim) if os.path.isdir(victim) else os.unlink(victim)
+            except IsADirectoryError:
+                pass  # "rewrote" one of the bad directories
+            ops += 1
+            if ops % 200 == 0:
+                self.change_devices()  # real changes amid the storm must still arrive
+        self.change_devices()
+        for where, names in made.items():
+            for name in names:
+                path = os.path.join(where, name)
+                if os.path.isdir(path):
+                    os.rmdir(path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+
+    def oversized_files(self) -> None:
+        """Device files at and over the 64 KiB limit, and non-ASCII ones that blow up the queue's JSON."""
+        near = b'health = "Healthy"\n' + b"#" * (LIMIT - 20) + b"\n"  # exactly the limit: a device like any other
+        tag = self.counter
+        big = {f"big-at-limit-{tag}": (near, {"Healthy"}),
+               f"big-over-{tag}": (near + b"#", {"Unhealthy"})}
+        # One e-acute is 2 bytes in the file and 6 in JSON: about 180 KB each on the queue, 28 of them
+        # over its 4 MiB frame, so discovery must cut (the largest turn Unhealthy), never crash.
+        value = "\u00e9" * 300
+        wide = ("[annotations]\n" + "".join(f'k{i} = "{value}"\n' for i in range(100))).encode()
+        for i in range(self.rng.randint(24, 32)):
+            big[f"big-wide-{tag}-{i:02d}"] = (wide, {"Healthy", "Unhealthy"})
+        for name, (data, health) in big.items():
+            (self.colad.device_dir / name).write_bytes(data)
+            self.health[name] = health
+        grow = self.colad.device_dir / f"big-growing-{tag}"
+        with open(grow, "wb") as handle:  # read while it grows past the limit: ends Unhealthy
+            for _ in range(8):
+                handle.write(b"#" * (LIMIT // 7))
+                handle.flush()
+        self.health[grow.name] = {"Unhealthy"}
+        self.change_devices()
+        self.wait_invariant("oversized_files (written)")
+        for name in [*big, grow.name]:
+            self.colad.remove(name)
+            self.health.pop(name)
+        self.change_devices()
+
+    def slow_files(self) -> None:
+        """tomllib-pathological files (quadratic dotted keys, deep nesting): Unhealthy at once, nothing stalls."""
+        chosen = self.rng.sample(sorted(SLOW_FILES), self.rng.randint(1, len(SLOW_FILES)))
+        names = [f"slow-{kind}-{self.counter}" for kind in chosen]
+        for kind, name in zip(chosen, names, strict=True):
+            (self.colad.device_dir / name).write_bytes(SLOW_FILES[kind])
+            self.health[name] = {"Unhealthy"}
+        self.change_devices()  # must not wait behind the slow parses
+        # 15 s: one 60 KB dotted key alone takes tomllib that long, so a stall shows.
+        self.wait_invariant("slow_files (written)", deadline=min(self.deadline, 15.0))
+        for name in names:
+            self.colad.remove(name)
+            self.health.pop(name)
+        self.change_devices()
+
+    def config_alias_reload(self) -> None:
+        """A second resource on the same directory spelled differently: refused by `colad reload` and by SIGHUP."""
+        real = str(self.colad.device_dir)
+        link = self.root / "colas-alias"
+        if not link.is_symlink():
+            link.symlink_to(self.colad.device_dir)
+        parent, leaf = os.path.split(real)
+        spelling = self.rng.choice([real + "/", real + "//", f"{parent}/./{leaf}", f"{parent}/{leaf}/../{leaf}",
+                                    f"{parent}//{leaf}", str(link), real + "/nested"])
+        (self.colad.device_dir / "nested").mkdir(exist_ok=True)
+        alias = f'\n[[resources]]\nname = "example.com/alias"\ndevice_dir = "{spelling}"\n'
+        self.config.write_text(self.good_config + alias)
+        refused_before = len(self.colad.log_lines("reload refused; the running config stays"))
+        try:
+            run = subprocess.run([sys.executable, "-m", "colad", "reload"], env=self.colad.env,
+                                 capture_output=True, text=True, timeout=60)
+            detail = f"device_dir {spelling!r}: rc={run.returncode} stderr={run.stderr!r}"
+            assert run.returncode == 2, f"colad reload accepted an alias: {detail}"
+            assert len(run.stderr.splitlines()) == 1 and "Traceback" not in run.stderr, detail
+            # And behind the command's back: each role checks the file again and keeps its config.
+            self.colad.rpc().supervisor.signalProcessGroup("colad", "HUP")
+            self.colad.wait_log("reload refused; the running config stays", timeout=self.deadline,
+                                count=refused_before + len(PROGRAMS))
+            self.change_devices()
+        finally:
+            self.config.write_text(self.good_config)
+            (self.colad.device_dir / "nested").rmdir()
+
     # ---- the loop ----
     def inject(self, fault: str) -> Record:
         started = time.monotonic()
@@ -305,14 +459,19 @@ class Chaos:
             self.faults[fault]()
             recovery = self.wait_invariant(fault)
             record = Record(fault, recovery)
-        except WaitTimeout as exc:
-            held = self.kubelet.devices() or {}
-            lost = sum(1 for name in self.expected() if held.get(name) != "Healthy")
+        except AssertionError as exc:  # WaitTimeout, or a fault's own check (a reload that was accepted)
+            lost = len(self.wrong(self.kubelet.devices() or {}))
             record = Record(fault, None, lost, f"{self.problem()}\n{str(exc)[:3000]}")
+        finally:
+            self.health.clear()
+        record.guard = self.colad.guard_check()
         self.records.append(record)
         took = time.monotonic() - started
         status = f"recovered in {record.recovery_s * 1000:.0f} ms" if record.recovery_s is not None else "LOST"
-        self.log(f"chaos fault={fault} {status} (fault+recovery {took:.1f}s)")
+        guard = f" GUARD: {len(record.guard)} problem(s)" if record.guard else ""
+        self.log(f"chaos fault={fault} {status} (fault+recovery {took:.1f}s){guard}")
+        for problem in record.guard:
+            self.log(problem)
         return record
 
     def run(self, count: int | None = None, until: float | None = None, only: list[str] | None = None) -> None:
@@ -337,5 +496,12 @@ class Chaos:
             )
         lost_devices = sum(r.lost_devices for r in lost)
         recovered = len(self.records) - len(lost)
-        lines.append(f"faults={len(self.records)} recovered={recovered} lost_devices={lost_devices}")
+        guard = [p for r in self.records for p in r.guard] + self.shutdown_guard
+        exits = sum(p.startswith("role ") for p in guard)
+        lines.append(f"faults={len(self.records)} recovered={recovered} lost_devices={lost_devices}"
+                     f" unasked_exits={exits} tracebacks={len(guard) - exits}")
         return "\n".join(lines)
+
+    def clean(self) -> bool:
+        return (all(r.recovery_s is not None and not r.guard for r in self.records) and not self.shutdown_guard
+                and not self.kubelet.violations)

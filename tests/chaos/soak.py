@@ -3,9 +3,12 @@
     python -m tests.chaos.soak --minutes 10 [--seed N] [--fuzz-seconds 60]
 
 Faults are those of tests/chaos/driver.py at soak scale: 10,000-file bursts
-(which overflow the inotify queue), and once per run a kubelet that stays
-away for two minutes. Ends with `faults=N recovered=N lost_devices=0` and the
-fuzzers' results; exits non-zero if any fault did not recover or a fuzzer crashed.
+(which overflow the inotify queue), hostile input (bad-name storms, oversized
+and slow device files, aliased directories via reload), and once per run a
+kubelet that stays away for two minutes. Ends with `faults=N recovered=N
+lost_devices=0 unasked_exits=0 tracebacks=0` and the fuzzers' results; exits
+non-zero if any fault did not recover, the guard saw a role exit the soak did
+not cause or a traceback, or a fuzzer crashed.
 """
 
 from __future__ import annotations
@@ -70,12 +73,18 @@ def main() -> int:
     chaos = soak(args.minutes, args.seed, args.long_away)
     fuzzed = fuzz(args.fuzz_seconds) if args.fuzz_seconds else {}
     print(chaos.summary())
-    lost = [r for r in chaos.records if r.recovery_s is None]
-    for record in lost:
-        print(f"LOST {record.fault}: {record.detail}")
+    for record in chaos.records:
+        if record.recovery_s is None:
+            print(f"LOST {record.fault}: {record.detail}")
+        for problem in record.guard:
+            print(f"GUARD after {record.fault}: {problem}")
+    for problem in chaos.shutdown_guard:
+        print(f"GUARD at shutdown: {problem}")
+    for violation in chaos.kubelet.violations:
+        print(f"KUBELET VIOLATION: {violation}")
     crashed = [name for name, rc in fuzzed.items() if rc != 0]
     print(f"fuzz: {len(fuzzed) - len(crashed)} targets clean, {len(crashed)} crashed {crashed or ''}".rstrip())
-    return 1 if lost or crashed or chaos.kubelet.violations else 0
+    return 0 if chaos.clean() and not crashed else 1
 
 
 if __name__ == "__main__":

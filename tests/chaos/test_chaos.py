@@ -31,6 +31,8 @@ def test_every_fault_once_then_random_faults(short_tmp: Path) -> None:
         print(chaos.summary())
     lost = [r for r in chaos.records if r.recovery_s is None]
     assert not lost, f"seed {seed}: " + "\n\n".join(f"{r.fault}: {r.detail}" for r in lost)
+    guarded = [f"after {r.fault}: {p}" for r in chaos.records for p in r.guard]
+    assert not guarded, f"seed {seed}: the guard:\n" + "\n".join(guarded)
     assert chaos.kubelet.violations == []
     assert "intruder" not in chaos.colad.log() or "queue peer refused" in chaos.colad.log()
 
