@@ -141,7 +141,7 @@ class ColadService:
             self.env.pop("VIRTUAL_ENV", None)
         self.env.update(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_mark = 0  # tests sharing one service read the log from here on
+        self.log_mark = 0  # tests sharing one service read the log from here on (the guard keeps its own marks)
         self.guard = Guard()
         self._stopped = True  # by stop(): supervisord's exit was asked for
         self._exit_seen = True  # supervisord's exit has been accounted for
