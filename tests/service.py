@@ -150,8 +150,9 @@ class ColadService:
     def start(self) -> None:
         if self.proc is not None:
             self.guard_check()  # an earlier supervisord that died unasked is reported, not forgotten
-        elif self.log_path.exists():  # another service used this root: its log is not ours to blame
-            self.guard.offsets.setdefault(self.log_path, self.log_path.stat().st_size)
+        else:  # another service may have used this root: its logs are not ours to blame
+            for path in self._log_paths():
+                self.guard.offsets.setdefault(path, path.stat().st_size)
         self.guard.offsets.setdefault(self.log_path, 0)
         if self not in _LIVE:
             _LIVE.append(self)
@@ -228,16 +229,21 @@ class ColadService:
             problems.append(f"(colad log: {self.log_path})")
         return problems
 
-    def _scan_logs(self) -> list[str]:
-        paths = [self.log_path]
-        try:  # supervisord's child logs (an AUTO stderr log, an event listener's), if any
+    def _log_paths(self) -> list[Path]:
+        paths = [self.log_path] if self.log_path.exists() else []
+        try:  # supervisord's child logs (an AUTO stderr log, the watchdog's), if any
             paths += sorted(p for p in self.run_dir.iterdir() if p.suffix == ".log" and p.is_file())
         except OSError:
             pass
+        return paths
+
+    def _scan_logs(self) -> list[str]:
         found = []
-        for path in paths:
+        for path in self._log_paths():
             try:
                 with open(path, "rb") as handle:
+                    if os.fstat(handle.fileno()).st_size < self.guard.offsets.get(path, 0):
+                        self.guard.offsets[path] = 0  # rotated by supervisord (stderr_logfile_maxbytes)
                     handle.seek(self.guard.offsets.setdefault(path, 0))
                     chunk = handle.read()
             except OSError:
