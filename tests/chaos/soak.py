@@ -57,6 +57,8 @@ def fuzz(seconds: int) -> dict[str, int]:
             text=True,
         )
         done = [line for line in run.stderr.splitlines() if "DONE" in line or line.startswith("Done ")]
+        if run.returncode and not done:  # say why (no atheris: `make soak` installs it)
+            done = run.stderr.strip().splitlines()[-1:]
         print(f"fuzz target={name} rc={run.returncode} {' | '.join(done[-2:])}")
         results[name] = run.returncode
     return results
