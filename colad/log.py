@@ -85,8 +85,28 @@ class _Formatter(logging.Formatter):
         return line
 
 
+class _UndecodableRequest(logging.Filter):
+    """grpc logs a request it cannot deserialize with a traceback (grpc/_common.py `_transform`).
+
+    That input comes from a peer, and the call already fails with a status: one WARNING line
+    naming the error, not an ERROR with a traceback an operator would take for a colad bug.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Exception deserializing"):
+            error = record.exc_info[1]
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "%s"
+            record.args = (f"msg={quote('gRPC request not decodable; the call fails')} reason={quote(repr(error))}",)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def setup(role: str, level: str = "INFO") -> None:
     """Send every log line to stdout, tagged with the process role."""
+    grpc_common = logging.getLogger("grpc._common")
+    if not any(isinstance(f, _UndecodableRequest) for f in grpc_common.filters):
+        grpc_common.addFilter(_UndecodableRequest())
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(_Formatter(role))
     root = logging.getLogger()

@@ -35,7 +35,7 @@ from colad import __version__, constants, log
 LOG = log.get(__name__)
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory")
+RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup")
 SERVER_RESTART_REASONS = ("start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry")
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
@@ -424,7 +424,7 @@ class MetricsServer:
         server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
         try:
             self.server = make_server(host, port, self.app, server_class=server_class, handler_class=_Handler)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # UnicodeError: getaddrinfo's idna codec on a bad host name
             self.failures += 1
             if self.failures == 1:  # then retried quietly on the plugin's safety timer
                 LOG.error("metrics endpoint not available; retrying", address=self.address, error=exc)

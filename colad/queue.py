@@ -371,7 +371,8 @@ class QueueClient:
         self.sock: socket.socket | None = None
         self.latest: dict[str, messages.Message] = {}
         self.unsent: set[str] = set()
-        self.counters = {"queue.sent": 0, "queue.dropped": 0}
+        self.counters = {"queue.sent": 0, "queue.dropped": 0, "input.oversized_message": 0}
+        self._frames: dict[str, bytes] = {}  # encoded once, at publish
         self._retry_at = 0.0
         self._retry_delay = 0.05
         self._expected_uid = os.geteuid()
@@ -385,15 +386,23 @@ class QueueClient:
 
     def publish(self, message: messages.Message) -> None:
         key = message.key  # one stream per key: each resource's snapshots, each role's stats
+        try:
+            encoded = frame(message)  # refuse here what can never be framed, or it would fail every later flush()
+        except messages.MessageError as exc:
+            LOG.warning("queue message not sent: it cannot be framed", key=key, reason=str(exc))
+            self.counters["input.oversized_message"] += 1
+            return
         if key in self.unsent and message.type != "stats":
             self.counters["queue.dropped"] += 1  # superseded before it could be sent
         self.latest[key] = message
+        self._frames[key] = encoded
         self.unsent.add(key)
         self.flush()
 
     def withdraw(self, key: str) -> None:
         """Stop (re)sending the stream `key`: its subject is gone (a resource removed by a reload)."""
         self.latest.pop(key, None)
+        self._frames.pop(key, None)
         self.unsent.discard(key)
 
     def next_retry(self) -> float | None:
@@ -414,7 +423,7 @@ class QueueClient:
         for key in sorted(self.unsent):
             message = self.latest[key]
             try:
-                self.sock.sendall(frame(message))
+                self.sock.sendall(self._frames[key])
             except OSError as exc:  # includes socket.timeout
                 LOG.warning("queue send failed", path=self.path, error=exc)
                 self.close()
