@@ -36,6 +36,15 @@ redirect_stderr=true
 stdout_logfile=NONE
 stdout_syslog=true"""
 
+# An event listener's stdout is the event protocol and supervisord refuses redirect_stderr
+# for one, so its log lines go out on stderr, to the same place as the programs' lines.
+_STDOUT_LISTENER_LOG = """\
+stderr_logfile=/dev/stdout
+stderr_logfile_maxbytes=0"""
+_SYSLOG_LISTENER_LOG = """\
+stderr_logfile=NONE
+stderr_syslog=true"""
+
 
 def template_path(cfg: Config) -> Path:
     if cfg.supervisord_template:
@@ -84,6 +93,7 @@ def render(cfg: Config, template: str, *, journal: bool, user: str | None = "") 
         "python": sys.executable,
         "user": user or "",
         "child_log": _SYSLOG_LOG if journal else _STDOUT_LOG,
+        "listener_log": _SYSLOG_LISTENER_LOG if journal else _STDOUT_LISTENER_LOG,
     }
     try:
         return string.Template(template).substitute(fields)

@@ -115,7 +115,7 @@ def test_a_fatal_role_is_started_again_by_the_watchdog(service: ColadService, ku
     service.add("after-fatal")
     kubelet.wait_devices(BASE | {"after-fatal"}, timeout=30)
     wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200 after recovery", logs=[service.log_path])
-    log = (service.run_dir / "watchdog.log").read_text()
+    log = "\n".join(service.log_lines("proc=watchdog"))
     assert "colad:discovery in 10s (FATAL 1 in a row)" in log and 'msg="role started again" role=colad:discovery' in log
     assert "Traceback" not in log
 

@@ -30,7 +30,8 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
     assert programs == ["plugin", "discovery", "kubelet-watch"]
     for name in programs:
         section = conf[f"program:{name}"]
-        assert section["command"] == f"{sys.executable} -m colad {name}"
+        # Signals stay blocked from exec to colad's own handling (issue 12, finding 8).
+        assert section["command"] == f"/usr/bin/env --block-signal=HUP,INT,TERM {sys.executable} -m colad {name}"
         assert section["autorestart"] == "true"
         assert section["stopasgroup"] == section["killasgroup"] == "true"
         assert section["redirect_stderr"] == "true"
@@ -38,6 +39,13 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
             assert (section["stdout_logfile"], section["stdout_syslog"]) == ("NONE", "true")
         else:
             assert section["stdout_logfile"] == "/dev/stdout"
+    listener = conf["eventlistener:watchdog"]
+    assert listener["command"] == f"{sys.executable} -m colad watchdog"
+    assert listener["stdout_logfile"] == "NONE"  # the event protocol
+    if journal:
+        assert (listener["stderr_logfile"], listener["stderr_syslog"]) == ("NONE", "true")
+    else:
+        assert listener["stderr_logfile"] == "/dev/stdout"
     assert conf["unix_http_server"]["file"] == "/run/colad-test/supervisor.sock"
     assert conf["unix_http_server"]["chmod"] == "0700"
     assert conf["supervisord"]["nodaemon"] == "true"
