@@ -1,0 +1,388 @@
+"""The registration life cycle of one resource, as a pure state machine.
+
+`step(state, event, now)` returns the next frozen `Registration` and the typed effects the
+plugin shell (plugin.py) must carry out: stop or start a server, send or cancel Register, send
+the kubelet an empty list. The shell posts what it observed back as events. No I/O, clocks,
+logging or metrics here; every edge is a row in tests/unit/test_registration.py.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 5.0
+INITIAL_DEVICES_WAIT = 3.0  # registering with an empty list would zero allocatable for a moment
+STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
+STREAM_EXPECTED_WITHIN = 10.0  # the kubelet dials back within this long after accepting Register
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # waiting for the first device snapshot (at most INITIAL_DEVICES_WAIT)
+    REGISTERING = "registering"  # serving; a Register call is in flight
+    REGISTERED = "registered"  # the kubelet accepted; its stream is expected or live
+    BACKOFF = "backoff"  # the last attempt failed; retry_at is set
+    STOPPED = "stopped"  # shut down or removed by a reload
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One resource's registration: which server generation serves, which call is in flight, timers.
+
+    `generation` numbers the servers (each on a fresh socket); `call` numbers Register calls
+    (0: none in flight); `streams` counts live ListAndWatch streams per generation.
+    """
+
+    started: float
+    phase: Phase = Phase.STARTING
+    generation: int = 0
+    endpoint: str = ""  # the socket's file name while a server runs, else ""
+    call: int = 0
+    calls: int = 0  # calls made so far: the next one is calls + 1
+    pending: str = ""  # the reason of a Register waiting for a server (or a socket check)
+    pending_cause: str = ""  # and its server-restart cause, should it need a new server
+    kubelet_identity: str = ""  # the kubelet.sock the last Register went to
+    backoff: float = BACKOFF_MIN
+    retry_at: float | None = None
+    retry_fresh: bool = False  # the retry must serve on a fresh socket (a late Register may still land)
+    stream_check_at: float | None = None
+    streams: tuple[tuple[int, int], ...] = ()
+    have_devices: bool = False
+    withdrawing: bool = False
+    last_error: str = ""
+
+    def live_streams(self) -> int:
+        return dict(self.streams).get(self.generation, 0)
+
+    def all_streams(self) -> int:
+        return sum(count for _generation, count in self.streams)
+
+    def due(self) -> float | None:
+        """When the next Timer event must come (None: nothing pending)."""
+        times = [t for t in (self.retry_at, self.stream_check_at) if t is not None]
+        if self.phase is Phase.STARTING:
+            times.append(self.started + INITIAL_DEVICES_WAIT)
+        return min(times) if times else None
+
+
+# Events: what the shell observed.
+@dataclass(frozen=True)
+class DevicesSeen:
+    """A device snapshot for this resource reached the plugin."""
+
+
+@dataclass(frozen=True)
+class Served:
+    generation: int
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class ServeFailed:
+    generation: int
+    error: str
+
+
+@dataclass(frozen=True)
+class SocketChecked:
+    """Answer to CheckSocket: is our socket still the one we made (by stat())."""
+
+    intact: bool
+
+
+@dataclass(frozen=True)
+class RegisterSent:
+    """Answer to SendRegister: `identity` of kubelet.sock the call went to, "" when it is absent."""
+
+    call: int
+    identity: str
+
+
+@dataclass(frozen=True)
+class RegisterDone:
+    call: int
+    error: str | None
+    late: bool = False  # we stopped waiting, but the kubelet may still carry it out
+
+
+@dataclass(frozen=True)
+class StreamOpened:
+    generation: int
+
+
+@dataclass(frozen=True)
+class StreamClosed:
+    generation: int
+
+
+@dataclass(frozen=True)
+class KubeletSeen:
+    """kubelet.sock's identity ("" when absent) and our socket, checked by stat()."""
+
+    identity: str
+    own_socket_intact: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Timer:
+    pass
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    """Shutdown or removal by a reload: send the kubelet an empty list before the socket goes."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Event = (
+    DevicesSeen
+    | Served
+    | ServeFailed
+    | SocketChecked
+    | RegisterSent
+    | RegisterDone
+    | StreamOpened
+    | StreamClosed
+    | KubeletSeen
+    | Timer
+    | Withdraw
+    | Shutdown
+)
+
+
+# Effects: what the shell must do, in order.
+@dataclass(frozen=True)
+class StopServer:
+    """End the streams of `generation` and older, stop its server, remove its socket."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Serve `generation` on a fresh socket; answer with Served or ServeFailed. `cause` is a metric label."""
+
+    generation: int
+    cause: str
+
+
+@dataclass(frozen=True)
+class CheckSocket:
+    """stat() our socket; answer with SocketChecked."""
+
+
+@dataclass(frozen=True)
+class SendRegister:
+    """Register `endpoint` with the kubelet as call `call`; answer with RegisterSent, later RegisterDone."""
+
+    call: int
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class CancelCall:
+    call: int
+
+
+@dataclass(frozen=True)
+class RetryAt:
+    """Register failed: retry at `at` (after `delay` seconds)."""
+
+    at: float
+    delay: float
+    error: str
+
+
+@dataclass(frozen=True)
+class Accepted:
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    previous: Phase
+    phase: Phase
+    reason: str
+    fields: tuple[tuple[str, str], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class GaveUpWaiting:
+    """No device snapshot within INITIAL_DEVICES_WAIT: registering anyway."""
+
+    waited: float
+
+
+@dataclass(frozen=True)
+class SendEmptyList:
+    """Tell the kubelet the devices are gone, on the live stream."""
+
+
+Effect = (
+    StopServer
+    | Serve
+    | CheckSocket
+    | SendRegister
+    | CancelCall
+    | RetryAt
+    | Accepted
+    | Transition
+    | GaveUpWaiting
+    | SendEmptyList
+)
+
+
+Step = tuple[Registration, list[Effect]]
+
+
+def step(state: Registration, event: Event, now: float) -> Step:
+    """The one transition function: the next state and the effects, in the order they must run."""
+    if state.phase is Phase.STOPPED:
+        return state, []
+    effects: list[Effect] = []
+    match event:
+        case DevicesSeen():
+            first = not state.have_devices
+            state = replace(state, have_devices=True)
+            if first and state.phase is Phase.STARTING:
+                state = _register(state, effects, "start", "start")
+        case Served(generation=generation, endpoint=endpoint) if generation == state.generation and state.pending:
+            state = replace(state, endpoint=endpoint)
+            state = _send(state, effects)
+        case ServeFailed(generation=generation, error=error) if generation == state.generation and state.pending:
+            state = _failed(_settled(state), effects, now, f"cannot serve: {error}")
+        case SocketChecked(intact=intact) if state.pending:
+            if intact:
+                state = _send(state, effects)
+            else:
+                state = _serve(state, effects, state.pending_cause)
+        case RegisterSent(call=call, identity=identity) if call == state.call:
+            state = replace(state, kubelet_identity=identity)
+            if not identity:  # no call was made
+                state = _failed(replace(_settled(state), call=0), effects, now, "kubelet.sock absent")
+            else:
+                reason, state = state.pending, _settled(state)
+                state = _transition(state, effects, Phase.REGISTERING, reason, endpoint=state.endpoint)
+        case RegisterDone(call=call, error=error, late=late) if call == state.call and call:
+            state = replace(state, call=0)
+            if error:
+                # A Register we stopped waiting for may still be carried out: retry on a new socket,
+                # so that a late one dials a socket that is gone instead of opening a second stream.
+                state = _failed(state, effects, now, error, fresh=late)
+            else:
+                state = replace(
+                    state, backoff=BACKOFF_MIN, last_error="", stream_check_at=now + STREAM_EXPECTED_WITHIN
+                )
+                effects.append(Accepted(state.endpoint))
+                state = _transition(state, effects, Phase.REGISTERED, "kubelet accepted")
+        case StreamOpened(generation=generation):
+            state = replace(state, streams=_count(state.streams, generation, +1))
+            if generation == state.generation:
+                state = replace(state, stream_check_at=None)
+        case StreamClosed(generation=generation):
+            state = replace(state, streams=_count(state.streams, generation, -1))
+            if generation == state.generation and state.phase is Phase.REGISTERED and state.live_streams() == 0:
+                state = replace(state, stream_check_at=now + STREAM_GRACE)
+        case KubeletSeen(identity=identity, own_socket_intact=intact, reason=reason):
+            if state.phase is Phase.STARTING or state.pending:
+                pass
+            elif identity and identity != state.kubelet_identity:
+                state = replace(state, backoff=BACKOFF_MIN)  # a new kubelet: no reason to wait
+                state = _register(state, effects, f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh=True)
+            elif not intact:
+                state = _register(state, effects, f"plugin socket removed ({reason})", "socket_removed", fresh=True)
+        case Timer():
+            state = _on_timer(state, effects, now)
+        case Withdraw():
+            if state.phase is Phase.REGISTERED and state.live_streams() > 0 and not state.withdrawing:
+                state = replace(state, withdrawing=True)
+                effects.append(SendEmptyList())
+        case Shutdown():
+            if state.call:
+                effects.append(CancelCall(state.call))
+            effects.append(StopServer(state.generation))
+            state = replace(_settled(state), call=0, endpoint="", retry_at=None, stream_check_at=None)
+            state = _transition(state, effects, Phase.STOPPED, "shutdown")
+        case _:
+            pass  # an answer that no longer matters (an older generation or call)
+    return state, effects
+
+
+def _on_timer(state: Registration, effects: list[Effect], now: float) -> Registration:
+    if state.pending:
+        return state
+    if state.phase is Phase.STARTING and now >= state.started + INITIAL_DEVICES_WAIT:
+        effects.append(GaveUpWaiting(INITIAL_DEVICES_WAIT))
+        state = _register(state, effects, "start", "start")
+    if not state.pending and state.retry_at is not None and now >= state.retry_at:
+        state = _register(state, effects, "retry", "register_retry", fresh=state.retry_fresh)
+    if state.stream_check_at is not None and now >= state.stream_check_at:
+        state = replace(state, stream_check_at=None)
+        if not state.pending and state.phase is Phase.REGISTERED and state.live_streams() == 0:
+            state = _register(state, effects, "no live ListAndWatch stream", "stream_lost", fresh=True)
+    return state
+
+
+def _register(
+    state: Registration, effects: list[Effect], reason: str, cause: str, *, fresh: bool = False
+) -> Registration:
+    """The single path every trigger takes: cancel the call in flight, serve if needed, then Register."""
+    if state.call:
+        effects.append(CancelCall(state.call))
+    state = replace(state, call=0, retry_at=None, pending=reason, pending_cause=cause)
+    if fresh or not state.endpoint:
+        return _serve(state, effects, cause)
+    effects.append(CheckSocket())  # serving already: reuse the socket if it is still ours
+    return state
+
+
+def _settled(state: Registration) -> Registration:
+    """No Register waiting for a server or a socket check any more."""
+    return replace(state, pending="", pending_cause="")
+
+
+def _serve(state: Registration, effects: list[Effect], cause: str) -> Registration:
+    """A fresh, unique socket per server: the kubelet keys endpoints by socket path."""
+    effects.append(StopServer(state.generation))
+    generation = state.generation + 1
+    effects.append(Serve(generation, cause))
+    return replace(state, generation=generation, endpoint="")
+
+
+def _send(state: Registration, effects: list[Effect]) -> Registration:
+    call = state.calls + 1
+    effects.append(SendRegister(call, state.endpoint))
+    return replace(state, call=call, calls=call)
+
+
+def _failed(state: Registration, effects: list[Effect], now: float, error: str, *, fresh: bool = False) -> Registration:
+    effects.append(RetryAt(now + state.backoff, state.backoff, error))
+    state = replace(
+        state,
+        retry_fresh=fresh,
+        last_error=error,
+        retry_at=now + state.backoff,
+        backoff=min(state.backoff * 2, BACKOFF_MAX),
+    )
+    return _transition(state, effects, Phase.BACKOFF, error)
+
+
+def _transition(state: Registration, effects: list[Effect], phase: Phase, reason: str, **fields: str) -> Registration:
+    if phase is not state.phase:
+        effects.append(Transition(state.phase, phase, reason, tuple(fields.items())))
+        state = replace(state, phase=phase)
+    return state
+
+
+def _count(streams: tuple[tuple[int, int], ...], generation: int, delta: int) -> tuple[tuple[int, int], ...]:
+    counts = dict(streams)
+    counts[generation] = counts.get(generation, 0) + delta
+    if counts[generation] <= 0:
+        del counts[generation]
+    return tuple(sorted(counts.items()))

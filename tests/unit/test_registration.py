@@ -1,0 +1,402 @@
+"""Unit tests for colad.registration: the life cycle as a table of (state, event) -> (state, effects).
+
+Each row names the edge and, where an end-to-end or chaos test (or a soak) found it, where.
+States are built from a few named fixtures below; `now` is 100.0 unless a row says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from colad.registration import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    INITIAL_DEVICES_WAIT,
+    STREAM_EXPECTED_WITHIN,
+    STREAM_GRACE,
+    Accepted,
+    CancelCall,
+    CheckSocket,
+    DevicesSeen,
+    Effect,
+    Event,
+    GaveUpWaiting,
+    KubeletSeen,
+    Phase,
+    RegisterDone,
+    RegisterSent,
+    Registration,
+    RetryAt,
+    SendEmptyList,
+    SendRegister,
+    Serve,
+    Served,
+    ServeFailed,
+    Shutdown,
+    SocketChecked,
+    StopServer,
+    StreamClosed,
+    StreamOpened,
+    Timer,
+    Transition,
+    Withdraw,
+    step,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 100.0
+KUBELET = "1:2:3"
+NEW_KUBELET = "1:9:9"
+
+STARTING = Registration(started=NOW - 1.0)
+# serving generation 1 on colad-1.sock, Register call 1 in flight
+REGISTERING = replace(
+    STARTING, phase=Phase.REGISTERING, generation=1, endpoint="colad-1.sock", call=1, calls=1,
+    kubelet_identity=KUBELET, have_devices=True,
+)  # fmt: skip
+# accepted, the kubelet's stream on generation 1 live
+REGISTERED = replace(REGISTERING, phase=Phase.REGISTERED, call=0, streams=((1, 1),))
+# accepted, but the kubelet has not dialled back yet
+AWAITING_STREAM = replace(REGISTERED, streams=(), stream_check_at=NOW + STREAM_EXPECTED_WITHIN)
+# failed twice: back-off doubled to 0.4 s, the retry due at NOW
+BACKOFF = replace(
+    REGISTERED, phase=Phase.BACKOFF, streams=(), backoff=0.4, retry_at=NOW, last_error="UNAVAILABLE: connect failed"
+)
+# the last Register timed out: it may still be carried out, so the retry needs a fresh socket
+BACKOFF_LATE = replace(BACKOFF, retry_fresh=True, last_error="DEADLINE_EXCEEDED: Deadline Exceeded")
+
+
+def registered_transition(previous: Phase) -> Transition:
+    return Transition(previous, Phase.REGISTERED, "kubelet accepted")
+
+
+CASES = [
+    # --- start: wait for the first snapshot, then register -------------------------------------
+    pytest.param(
+        STARTING, DevicesSeen(),
+        replace(STARTING, have_devices=True, generation=1, pending="start", pending_cause="start"),
+        [StopServer(0), Serve(1, "start")],
+        id="first-snapshot-while-starting-serves-generation-1",
+    ),
+    pytest.param(
+        REGISTERED, DevicesSeen(), REGISTERED, [],
+        id="later-snapshot-changes-nothing-in-the-life-cycle",
+    ),
+    pytest.param(
+        STARTING, Timer(), STARTING, [],
+        id="initial-wait-not-over-keeps-waiting",
+    ),
+    pytest.param(
+        replace(STARTING, started=NOW - INITIAL_DEVICES_WAIT), Timer(),
+        replace(STARTING, started=NOW - INITIAL_DEVICES_WAIT, generation=1, pending="start", pending_cause="start"),
+        [GaveUpWaiting(INITIAL_DEVICES_WAIT), StopServer(0), Serve(1, "start")],
+        id="initial-wait-over-registers-with-no-snapshot",
+    ),
+    pytest.param(
+        STARTING, KubeletSeen(NEW_KUBELET, False, "watcher"), STARTING, [],
+        id="kubelet-seen-while-starting-waits-for-the-snapshot",
+    ),
+    # --- serving, then Register --------------------------------------------------------------------
+    pytest.param(
+        replace(STARTING, generation=1, pending="start", pending_cause="start", have_devices=True),
+        Served(1, "colad-1.sock"),
+        replace(STARTING, generation=1, pending="start", pending_cause="start", have_devices=True,
+                endpoint="colad-1.sock", call=1, calls=1),
+        [SendRegister(1, "colad-1.sock")],
+        id="served-sends-register-on-the-new-socket",
+    ),  # fmt: skip
+    pytest.param(
+        replace(STARTING, generation=1, pending="start", endpoint="colad-1.sock", call=1, calls=1),
+        RegisterSent(1, KUBELET),
+        replace(STARTING, phase=Phase.REGISTERING, generation=1, endpoint="colad-1.sock", call=1, calls=1,
+                kubelet_identity=KUBELET),
+        [Transition(Phase.STARTING, Phase.REGISTERING, "start", (("endpoint", "colad-1.sock"),))],
+        id="register-sent-is-registering",
+    ),  # fmt: skip
+    pytest.param(
+        replace(STARTING, generation=1, pending="start", endpoint="colad-1.sock", call=1, calls=1),
+        RegisterSent(1, ""),
+        replace(STARTING, phase=Phase.BACKOFF, generation=1, endpoint="colad-1.sock", calls=1,
+                retry_at=NOW + BACKOFF_MIN, backoff=2 * BACKOFF_MIN, last_error="kubelet.sock absent"),
+        [RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "kubelet.sock absent"),
+         Transition(Phase.STARTING, Phase.BACKOFF, "kubelet.sock absent")],
+        id="kubelet-sock-absent-backs-off-keeping-the-server",
+    ),  # fmt: skip
+    pytest.param(
+        replace(STARTING, generation=1, pending="start", pending_cause="start"),
+        ServeFailed(1, "cannot listen"),
+        replace(STARTING, phase=Phase.BACKOFF, generation=1, retry_at=NOW + BACKOFF_MIN,
+                backoff=2 * BACKOFF_MIN, last_error="cannot serve: cannot listen"),
+        [RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "cannot serve: cannot listen"),
+         Transition(Phase.STARTING, Phase.BACKOFF, "cannot serve: cannot listen")],
+        id="serve-failed-backs-off",
+    ),  # fmt: skip
+    pytest.param(
+        replace(REGISTERING, generation=2), Served(1, "colad-old.sock"), replace(REGISTERING, generation=2), [],
+        id="served-answer-of-an-older-generation-is-ignored",
+    ),
+    # --- Register answered -------------------------------------------------------------------------
+    pytest.param(
+        REGISTERING, RegisterDone(1, None),
+        replace(REGISTERING, phase=Phase.REGISTERED, call=0, stream_check_at=NOW + STREAM_EXPECTED_WITHIN),
+        [Accepted("colad-1.sock"), registered_transition(Phase.REGISTERING)],
+        id="register-accepted-expects-a-stream-within-10s",
+    ),
+    pytest.param(
+        replace(REGISTERING, backoff=BACKOFF_MAX), RegisterDone(1, None),
+        replace(REGISTERING, phase=Phase.REGISTERED, call=0, stream_check_at=NOW + STREAM_EXPECTED_WITHIN),
+        [Accepted("colad-1.sock"), registered_transition(Phase.REGISTERING)],
+        id="register-accepted-resets-the-back-off",
+    ),
+    pytest.param(
+        REGISTERING, RegisterDone(1, "UNKNOWN: bad resource"),
+        replace(REGISTERING, phase=Phase.BACKOFF, call=0, retry_at=NOW + BACKOFF_MIN, backoff=2 * BACKOFF_MIN,
+                last_error="UNKNOWN: bad resource"),
+        [RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "UNKNOWN: bad resource"),
+         Transition(Phase.REGISTERING, Phase.BACKOFF, "UNKNOWN: bad resource")],
+        id="register-refused-backs-off-on-the-same-socket",
+    ),  # fmt: skip
+    pytest.param(
+        # soak finding (4fb0048, test_a_register_the_kubelet_carries_out_late_never_leaves_two_streams)
+        REGISTERING, RegisterDone(1, "DEADLINE_EXCEEDED: Deadline Exceeded", late=True),
+        replace(REGISTERING, phase=Phase.BACKOFF, call=0, retry_at=NOW + BACKOFF_MIN, backoff=2 * BACKOFF_MIN,
+                retry_fresh=True, last_error="DEADLINE_EXCEEDED: Deadline Exceeded"),
+        [RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "DEADLINE_EXCEEDED: Deadline Exceeded"),
+         Transition(Phase.REGISTERING, Phase.BACKOFF, "DEADLINE_EXCEEDED: Deadline Exceeded")],
+        id="register-timed-out-may-land-late-so-the-retry-needs-a-fresh-socket",
+    ),  # fmt: skip
+    pytest.param(
+        replace(REGISTERING, backoff=BACKOFF_MAX), RegisterDone(1, "UNAVAILABLE: x"),
+        replace(REGISTERING, phase=Phase.BACKOFF, call=0, retry_at=NOW + BACKOFF_MAX, backoff=BACKOFF_MAX,
+                last_error="UNAVAILABLE: x"),
+        [RetryAt(NOW + BACKOFF_MAX, BACKOFF_MAX, "UNAVAILABLE: x"),
+         Transition(Phase.REGISTERING, Phase.BACKOFF, "UNAVAILABLE: x")],
+        id="back-off-is-capped-at-5s",
+    ),  # fmt: skip
+    pytest.param(
+        replace(REGISTERING, call=2, calls=2), RegisterDone(1, None), replace(REGISTERING, call=2, calls=2), [],
+        id="answer-of-a-cancelled-call-is-ignored",
+    ),
+    pytest.param(
+        REGISTERED, RegisterDone(1, "cancelled"), REGISTERED, [],
+        id="answer-after-registered-with-no-call-is-ignored",
+    ),
+    # --- retries -------------------------------------------------------------------------------------
+    pytest.param(
+        BACKOFF, Timer(),
+        replace(BACKOFF, retry_at=None, pending="retry", pending_cause="register_retry"),
+        [CheckSocket()],
+        id="retry-due-reuses-the-socket-if-it-is-still-ours",
+    ),
+    pytest.param(
+        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None), SocketChecked(True),
+        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None, call=2, calls=2),
+        [SendRegister(2, "colad-1.sock")],
+        id="retry-socket-intact-registers-it-again",
+    ),
+    pytest.param(
+        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None), SocketChecked(False),
+        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None, generation=2, endpoint=""),
+        [StopServer(1), Serve(2, "register_retry")],
+        id="retry-socket-gone-serves-anew",
+    ),
+    pytest.param(
+        BACKOFF_LATE, Timer(),
+        replace(BACKOFF_LATE, retry_at=None, generation=2, endpoint="", pending="retry",
+                pending_cause="register_retry"),
+        [StopServer(1), Serve(2, "register_retry")],
+        id="retry-after-a-late-register-serves-on-a-fresh-socket",
+    ),  # fmt: skip
+    pytest.param(
+        replace(BACKOFF, retry_at=NOW + 0.3), Timer(), replace(BACKOFF, retry_at=NOW + 0.3), [],
+        id="retry-not-due-waits",
+    ),
+    # --- the kubelet and our socket, checked by stat() ------------------------------------------------
+    pytest.param(
+        REGISTERED, KubeletSeen(KUBELET, True, "watcher"), REGISTERED, [],
+        id="same-kubelet-and-socket-intact-changes-nothing",
+    ),
+    pytest.param(
+        REGISTERED, KubeletSeen(NEW_KUBELET, False, "watcher"),
+        replace(REGISTERED, generation=2, endpoint="", pending="kubelet.sock recreated (watcher)",
+                pending_cause="kubelet_restart"),
+        [StopServer(1), Serve(2, "kubelet_restart")],
+        id="kubelet-restarted-serves-on-a-fresh-socket",
+    ),  # fmt: skip
+    pytest.param(
+        # chaos kubelet_restart during kubelet_away: the new kubelet must not wait out a 5 s back-off
+        replace(BACKOFF, backoff=BACKOFF_MAX, retry_at=NOW + 4.0), KubeletSeen(NEW_KUBELET, True, "watcher"),
+        replace(BACKOFF, backoff=BACKOFF_MIN, retry_at=None, generation=2, endpoint="",
+                pending="kubelet.sock recreated (watcher)", pending_cause="kubelet_restart"),
+        [StopServer(1), Serve(2, "kubelet_restart")],
+        id="kubelet-restarted-during-back-off-resets-it-and-retries-at-once",
+    ),  # fmt: skip
+    pytest.param(
+        REGISTERING, KubeletSeen(NEW_KUBELET, True, "periodic"),
+        replace(REGISTERING, call=0, generation=2, endpoint="", pending="kubelet.sock recreated (periodic)",
+                pending_cause="kubelet_restart"),
+        [CancelCall(1), StopServer(1), Serve(2, "kubelet_restart")],
+        id="kubelet-restarted-while-registering-cancels-the-hanging-call",
+    ),  # fmt: skip
+    pytest.param(
+        REGISTERED, KubeletSeen(KUBELET, False, "watcher"),
+        replace(REGISTERED, generation=2, endpoint="", pending="plugin socket removed (watcher)",
+                pending_cause="socket_removed"),
+        [StopServer(1), Serve(2, "socket_removed")],
+        id="own-socket-gone-serves-anew",
+    ),  # fmt: skip
+    pytest.param(
+        BACKOFF, KubeletSeen("", True, "watcher"), BACKOFF, [],
+        id="kubelet-away-leaves-the-back-off-to-its-timer",
+    ),
+    # --- streams -------------------------------------------------------------------------------------
+    pytest.param(
+        AWAITING_STREAM, StreamOpened(1), replace(AWAITING_STREAM, streams=((1, 1),), stream_check_at=None), [],
+        id="stream-opened-after-register-cancels-the-check",
+    ),
+    pytest.param(
+        # the kubelet dials while Register is in flight (current kubelets do)
+        REGISTERING, StreamOpened(1), replace(REGISTERING, streams=((1, 1),)), [],
+        id="stream-opened-before-register-answers-is-counted",
+    ),
+    pytest.param(
+        REGISTERING, StreamClosed(1), REGISTERING, [],
+        id="stream-closed-before-register-answers-sets-no-grace",
+    ),
+    pytest.param(
+        REGISTERED, StreamClosed(1), replace(REGISTERED, streams=(), stream_check_at=NOW + STREAM_GRACE), [],
+        id="stream-closed-after-register-starts-the-1s-grace",
+    ),
+    pytest.param(
+        replace(REGISTERED, streams=((1, 2),)), StreamClosed(1), replace(REGISTERED, streams=((1, 1),)), [],
+        id="one-of-two-streams-closed-keeps-the-live-one",
+    ),
+    pytest.param(
+        replace(REGISTERED, generation=2, streams=((1, 1), (2, 1))), StreamClosed(1),
+        replace(REGISTERED, generation=2, streams=((2, 1),)), [],
+        id="old-generation-stream-closed-is-only-counted",
+    ),
+    pytest.param(
+        replace(REGISTERED, generation=2, streams=((2, 1),)), StreamOpened(1),
+        replace(REGISTERED, generation=2, streams=((1, 1), (2, 1))), [],
+        id="old-generation-stream-opened-is-not-the-live-one",
+    ),
+    pytest.param(
+        replace(REGISTERED, streams=(), stream_check_at=NOW), Timer(),
+        replace(REGISTERED, streams=(), generation=2, endpoint="", pending="no live ListAndWatch stream",
+                pending_cause="stream_lost"),
+        [StopServer(1), Serve(2, "stream_lost")],
+        id="grace-over-without-a-stream-registers-on-a-fresh-socket",
+    ),  # fmt: skip
+    pytest.param(
+        replace(REGISTERED, stream_check_at=NOW), Timer(), REGISTERED, [],
+        id="grace-over-with-a-live-stream-again-does-nothing",
+    ),
+    pytest.param(
+        replace(BACKOFF, retry_at=NOW + 1.0, stream_check_at=NOW), Timer(), replace(BACKOFF, retry_at=NOW + 1.0), [],
+        id="stale-stream-check-in-back-off-is-dropped",
+    ),
+    pytest.param(
+        replace(AWAITING_STREAM, stream_check_at=NOW + 9.0), Timer(),
+        replace(AWAITING_STREAM, stream_check_at=NOW + 9.0), [],
+        id="safety-timer-before-the-stream-is-due-does-nothing",
+    ),
+    # --- withdraw and shutdown ------------------------------------------------------------------------
+    pytest.param(
+        REGISTERED, Withdraw(), replace(REGISTERED, withdrawing=True), [SendEmptyList()],
+        id="withdraw-registered-with-a-stream-sends-an-empty-list",
+    ),
+    pytest.param(
+        AWAITING_STREAM, Withdraw(), AWAITING_STREAM, [],
+        id="withdraw-without-a-live-stream-sends-nothing",
+    ),
+    pytest.param(
+        BACKOFF, Withdraw(), BACKOFF, [],
+        id="withdraw-not-registered-sends-nothing",
+    ),
+    pytest.param(
+        replace(REGISTERED, withdrawing=True), Shutdown(),
+        replace(REGISTERED, withdrawing=True, phase=Phase.STOPPED, endpoint=""),
+        [StopServer(1), Transition(Phase.REGISTERED, Phase.STOPPED, "shutdown")],
+        id="shutdown-after-withdraw-stops-the-server",
+    ),
+    pytest.param(
+        REGISTERING, Shutdown(), replace(REGISTERING, phase=Phase.STOPPED, endpoint="", call=0),
+        [CancelCall(1), StopServer(1), Transition(Phase.REGISTERING, Phase.STOPPED, "shutdown")],
+        id="shutdown-while-registering-cancels-the-call",
+    ),
+    pytest.param(
+        replace(BACKOFF, retry_at=NOW), Shutdown(), replace(BACKOFF, phase=Phase.STOPPED, endpoint="", retry_at=None),
+        [StopServer(1), Transition(Phase.BACKOFF, Phase.STOPPED, "shutdown")],
+        id="shutdown-in-back-off-drops-the-retry",
+    ),
+    pytest.param(
+        replace(REGISTERED, phase=Phase.STOPPED), KubeletSeen(NEW_KUBELET, False, "watcher"),
+        replace(REGISTERED, phase=Phase.STOPPED), [],
+        id="stopped-ignores-everything",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "event", "expected", "effects"), CASES)
+def test_step(state: Registration, event: Event, expected: Registration, effects: list[Effect]) -> None:
+    assert step(state, event, NOW) == (expected, effects)
+
+
+def run(state: Registration, events: list[tuple[float, Event]]) -> tuple[Registration, list[Effect]]:
+    done: list[Effect] = []
+    for now, event in events:
+        state, effects = step(state, event, now)
+        done.extend(effects)
+    return state, done
+
+
+def test_a_whole_life_start_register_stream_kubelet_restart_and_shutdown() -> None:
+    state, effects = run(
+        Registration(started=0.0),
+        [
+            (0.5, DevicesSeen()),
+            (0.5, Served(1, "colad-1.sock")),
+            (0.5, RegisterSent(1, KUBELET)),
+            (0.5, StreamOpened(1)),
+            (0.6, RegisterDone(1, None)),
+            (9.0, KubeletSeen(NEW_KUBELET, False, "watcher")),
+            (9.0, Served(2, "colad-2.sock")),
+            (9.0, RegisterSent(2, NEW_KUBELET)),
+            (9.0, StreamClosed(1)),  # the old generation's stream ends: not the live one
+            (9.1, RegisterDone(2, None)),
+            (9.1, StreamOpened(2)),
+            (20.0, Timer()),  # the stream check of the first Register was replaced, and the stream is live
+        ],
+    )
+    assert state.phase is Phase.REGISTERED
+    assert (state.generation, state.endpoint, state.live_streams()) == (2, "colad-2.sock", 1)
+    assert state.stream_check_at is None
+    assert [e for e in effects if isinstance(e, Serve)] == [Serve(1, "start"), Serve(2, "kubelet_restart")]
+    assert [e for e in effects if isinstance(e, Accepted)] == [Accepted("colad-1.sock"), Accepted("colad-2.sock")]
+    state, effects = run(state, [(30.0, Withdraw()), (30.1, Shutdown())])
+    assert effects == [SendEmptyList(), StopServer(2), Transition(Phase.REGISTERED, Phase.STOPPED, "shutdown")]
+
+
+def test_back_off_doubles_from_100ms_to_5s_while_the_kubelet_is_away() -> None:
+    state = replace(REGISTERING, call=0, calls=0)
+    delays = []
+    now = 0.0
+    for call in range(1, 10):
+        state, effects = run(state, [(now, Timer())] if state.phase is Phase.BACKOFF else [])
+        state = replace(state, call=call, calls=call, pending="")
+        state, effects = step(state, RegisterDone(call, "UNAVAILABLE: connect failed"), now)
+        retry = [e for e in effects if isinstance(e, RetryAt)]
+        delays.append(retry[0].delay)
+        now = retry[0].at
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+
+
+def test_due_names_the_earliest_timer() -> None:
+    assert STARTING.due() == STARTING.started + INITIAL_DEVICES_WAIT
+    assert REGISTERED.due() is None
+    assert replace(BACKOFF, stream_check_at=NOW - 1.0).due() == NOW - 1.0
+    assert AWAITING_STREAM.due() == NOW + STREAM_EXPECTED_WITHIN
