@@ -1,9 +1,9 @@
 """The pure device core: device IDs, the device model, device sets, scan results and diffs.
 
 Discovery hands in the names it listed (and devicefile.py the parsed files);
-this module decides which are devices, what a valid device is, and how one
-crosses the local queue (device_to_wire / device_from_wire, called only by
-messages.py). No I/O, no logging, no clock: the shells do that.
+this module decides which are devices and what a valid device is (how one
+crosses the local queue is messages.py's business). No I/O, no logging, no
+clock: the shells do that.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from colad.constants import (
     HEALTHY,
@@ -351,111 +350,3 @@ def diff(old: DeviceSet, new: DeviceSet) -> DeviceDiff:
         removed=tuple(sorted(old_ids.keys() - new_ids.keys())),
         changed=tuple(sorted(k for k in new_ids.keys() & old_ids.keys() if new_ids[k] != old_ids[k])),
     )
-
-
-# --- the queue wire form (messages.py is the only caller) ----------------------------------
-
-_WIRE_KEYS = frozenset(
-    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem")
-)
-
-
-def device_to_wire(device: Device) -> list[str] | dict[str, Any]:
-    """The JSON-ready form of `device`.
-
-    A bare device stays the compact [id, health] pair the queue always carried,
-    so bare snapshots do not grow; any other device is a dict holding "id" and
-    only the fields that differ from their defaults.
-    """
-    if device.bare:
-        return [device.device_id, device.health]
-    wire: dict[str, Any] = {"id": device.device_id}
-    if device.health != HEALTHY:
-        wire["health"] = device.health
-    if device.numa_nodes:
-        wire["numa_nodes"] = list(device.numa_nodes)
-    if device.device_nodes:
-        wire["device_nodes"] = [[n.host_path, n.container_path, n.permissions] for n in device.device_nodes]
-    if device.mounts:
-        wire["mounts"] = [[m.host_path, m.container_path, m.read_only] for m in device.mounts]
-    if device.envs:
-        wire["envs"] = dict(device.envs)
-    if device.annotations:
-        wire["annotations"] = dict(device.annotations)
-    if device.cdi_devices:
-        wire["cdi_devices"] = list(device.cdi_devices)
-    if device.problem:
-        wire["problem"] = device.problem
-    return wire
-
-
-def _wire_list(obj: dict[str, Any], key: str) -> list[Any]:
-    value = obj.get(key, [])
-    if not isinstance(value, list):
-        raise ValueError(f"{key} is not a list")
-    if len(value) > MAX_DEVICE_LIST_ENTRIES:
-        raise ValueError(f"{key} has more than {MAX_DEVICE_LIST_ENTRIES} entries")
-    return value
-
-
-def _wire_triple(item: object, key: str, third: type) -> tuple[str, str, Any]:
-    if not (
-        isinstance(item, list)
-        and len(item) == 3
-        and isinstance(item[0], str)
-        and isinstance(item[1], str)
-        and type(item[2]) is third
-    ):
-        raise ValueError(f"{key} entry is not [host_path, container_path, {third.__name__}]")
-    return item[0], item[1], item[2]
-
-
-def _wire_pairs(obj: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
-    value = obj.get(key, {})
-    if not isinstance(value, dict) or len(value) > MAX_DEVICE_MAP_ENTRIES:
-        raise ValueError(f"{key} is not an object of at most {MAX_DEVICE_MAP_ENTRIES} entries")
-    if not all(isinstance(v, str) for v in value.values()):
-        raise ValueError(f"{key} has a value that is not a string")
-    return tuple(sorted(value.items()))
-
-
-def device_from_wire(obj: object) -> Device:
-    """The device `obj` (from device_to_wire, through JSON) describes; ValueError names any defect.
-
-    Physical devices only: the ID must pass id_problem, so replica IDs are refused.
-    """
-    if isinstance(obj, list):
-        if not (len(obj) == 2 and all(isinstance(x, str) for x in obj)):
-            raise ValueError("device entry is not [id, health] or an object")
-        obj = {"id": obj[0], "health": obj[1]}
-    if not isinstance(obj, dict):
-        raise ValueError("device entry is not [id, health] or an object")
-    unknown = obj.keys() - _WIRE_KEYS
-    if unknown:
-        raise ValueError(f"unknown device keys {_show(sorted(map(str, unknown)))}")
-    device_id, health, problem = obj.get("id"), obj.get("health", HEALTHY), obj.get("problem", "")
-    if not isinstance(device_id, str) or id_problem(device_id) is not None:
-        raise ValueError(f"invalid device ID {_show(device_id)}")
-    if not isinstance(health, str) or not isinstance(problem, str):
-        raise ValueError(f"device {device_id!r}: health or problem is not a string")
-    numa = _wire_list(obj, "numa_nodes")
-    if not all(type(n) is int for n in numa):
-        raise ValueError(f"device {device_id!r}: numa_nodes is not a list of integers")
-    cdi = _wire_list(obj, "cdi_devices")
-    if not all(isinstance(n, str) for n in cdi):
-        raise ValueError(f"device {device_id!r}: cdi_devices is not a list of strings")
-    device = Device(
-        device_id,
-        health,
-        numa_nodes=tuple(numa),
-        device_nodes=tuple(DeviceNode(*_wire_triple(i, "device_nodes", str)) for i in _wire_list(obj, "device_nodes")),
-        mounts=tuple(Mount(*_wire_triple(i, "mounts", bool)) for i in _wire_list(obj, "mounts")),
-        envs=_wire_pairs(obj, "envs"),
-        annotations=_wire_pairs(obj, "annotations"),
-        cdi_devices=tuple(cdi),
-        problem=problem,
-    )
-    problem = device_problem(device)
-    if problem is not None:
-        raise ValueError(f"device {device_id!r}: {problem}")
-    return device

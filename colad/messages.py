@@ -1,22 +1,25 @@
 """The local queue's messages, and the only module that knows their wire format.
 
-Every message is a full snapshot (never a delta) with the sender's epoch and a
-per-sender increasing sequence number, so a lost, dropped, duplicated or
-replayed message costs latency, never correctness. Encoding is ASCII JSON with
-a type and a version field and a hard size limit, which snapshot_size() lets a
-sender meet exactly before it sends; nothing is ever unpickled.
+A resource's devices travel as a full DeviceSnapshot on every (re)connect and
+as DeviceDeltas against the previous (epoch, seq) in between, each with a
+digest of the whole set; snapshots.py turns them back into exact sets. Encoding
+is ASCII JSON with a type and a version field and a hard size limit, which the
+*_size() functions let a sender meet exactly before it sends; nothing is unpickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from colad import devices
 from colad.config import resource_name_problem
-from colad.devices import Device, DeviceSet, device_from_wire, device_to_wire
+from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES
+from colad.devices import Device, DeviceSet
 from colad.errors import MessageError
 
 WIRE_VERSION = 1
@@ -25,6 +28,7 @@ WIRE_VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Counter names: "rescans.inotify", "queue.sent" ... a bounded, label-safe alphabet.
 _COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
+_DIGEST = re.compile(r"[0-9a-f]{16}\Z")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,31 @@ class DeviceSnapshot:
     @property
     def key(self) -> str:
         """Each resource's snapshots are a stream of their own."""
+        return snapshot_key(self.resource)
+
+
+@dataclass(frozen=True)
+class DeviceDelta:
+    """Discovery -> plugin: how one resource's set moved from (epoch, `base`) to (epoch, `seq`).
+
+    `upserts` are the devices added or changed, `removes` the IDs gone;
+    `digest` is set_digest() of the whole set after the change, so a receiver
+    that applied it to anything but the exact base set notices and resyncs.
+    """
+
+    epoch: int
+    seq: int
+    base: int
+    upserts: tuple[Device, ...] = ()
+    removes: tuple[str, ...] = ()
+    digest: int = 0
+    dir_present: bool = True
+    resource: str = "myway5.com/cola"
+    type: str = field(default="device_delta", init=False)
+
+    @property
+    def key(self) -> str:
+        """A resource's deltas and snapshots are one stream."""
         return snapshot_key(self.resource)
 
 
@@ -91,7 +120,7 @@ class Stats:
 ROLES = ("discovery", "kubelet-watch")
 MAX_COUNTERS = 64
 
-Message = DeviceSnapshot | KubeletState | Stats
+Message = DeviceSnapshot | DeviceDelta | KubeletState | Stats
 
 
 def _dumps(body: object) -> bytes:
@@ -100,12 +129,162 @@ def _dumps(body: object) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+# --- one device on the wire ----------------------------------------------------------------
+
+def _show(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_WIRE_KEYS = frozenset(
+    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem")
+)
+
+
+def device_to_wire(device: Device) -> list[str] | dict[str, Any]:
+    """The JSON-ready form of `device`.
+
+    A bare device stays the compact [id, health] pair the queue always carried,
+    so bare snapshots do not grow; any other device is a dict holding "id" and
+    only the fields that differ from their defaults.
+    """
+    if device.bare:
+        return [device.device_id, device.health]
+    wire: dict[str, Any] = {"id": device.device_id}
+    if device.health != HEALTHY:
+        wire["health"] = device.health
+    if device.numa_nodes:
+        wire["numa_nodes"] = list(device.numa_nodes)
+    if device.device_nodes:
+        wire["device_nodes"] = [[n.host_path, n.container_path, n.permissions] for n in device.device_nodes]
+    if device.mounts:
+        wire["mounts"] = [[m.host_path, m.container_path, m.read_only] for m in device.mounts]
+    if device.envs:
+        wire["envs"] = dict(device.envs)
+    if device.annotations:
+        wire["annotations"] = dict(device.annotations)
+    if device.cdi_devices:
+        wire["cdi_devices"] = list(device.cdi_devices)
+    if device.problem:
+        wire["problem"] = device.problem
+    return wire
+
+
+def _wire_list(obj: dict[str, Any], key: str) -> list[Any]:
+    value = obj.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"{key} is not a list")
+    if len(value) > MAX_DEVICE_LIST_ENTRIES:
+        raise ValueError(f"{key} has more than {MAX_DEVICE_LIST_ENTRIES} entries")
+    return value
+
+
+def _wire_triple(item: object, key: str, third: type) -> tuple[str, str, Any]:
+    if not (
+        isinstance(item, list)
+        and len(item) == 3
+        and isinstance(item[0], str)
+        and isinstance(item[1], str)
+        and type(item[2]) is third
+    ):
+        raise ValueError(f"{key} entry is not [host_path, container_path, {third.__name__}]")
+    return item[0], item[1], item[2]
+
+
+def _wire_pairs(obj: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    value = obj.get(key, {})
+    if not isinstance(value, dict) or len(value) > MAX_DEVICE_MAP_ENTRIES:
+        raise ValueError(f"{key} is not an object of at most {MAX_DEVICE_MAP_ENTRIES} entries")
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{key} has a value that is not a string")
+    return tuple(sorted(value.items()))
+
+
+def device_from_wire(obj: object) -> Device:
+    """The device `obj` (from device_to_wire, through JSON) describes; ValueError names any defect.
+
+    Physical devices only: the ID must pass id_problem, so replica IDs are refused.
+    """
+    if isinstance(obj, list):
+        if not (len(obj) == 2 and all(isinstance(x, str) for x in obj)):
+            raise ValueError("device entry is not [id, health] or an object")
+        obj = {"id": obj[0], "health": obj[1]}
+    if not isinstance(obj, dict):
+        raise ValueError("device entry is not [id, health] or an object")
+    unknown = obj.keys() - _WIRE_KEYS
+    if unknown:
+        raise ValueError(f"unknown device keys {_show(sorted(map(str, unknown)))}")
+    device_id, health, problem = obj.get("id"), obj.get("health", HEALTHY), obj.get("problem", "")
+    if not isinstance(device_id, str) or devices.id_problem(device_id) is not None:
+        raise ValueError(f"invalid device ID {_show(device_id)}")
+    if not isinstance(health, str) or not isinstance(problem, str):
+        raise ValueError(f"device {device_id!r}: health or problem is not a string")
+    numa = _wire_list(obj, "numa_nodes")
+    if not all(type(n) is int for n in numa):
+        raise ValueError(f"device {device_id!r}: numa_nodes is not a list of integers")
+    cdi = _wire_list(obj, "cdi_devices")
+    if not all(isinstance(n, str) for n in cdi):
+        raise ValueError(f"device {device_id!r}: cdi_devices is not a list of strings")
+    nodes = "device_nodes"
+    device = Device(
+        device_id,
+        health,
+        numa_nodes=tuple(numa),
+        device_nodes=tuple(devices.DeviceNode(*_wire_triple(i, "device_nodes", str)) for i in _wire_list(obj, nodes)),
+        mounts=tuple(devices.Mount(*_wire_triple(i, "mounts", bool)) for i in _wire_list(obj, "mounts")),
+        envs=_wire_pairs(obj, "envs"),
+        annotations=_wire_pairs(obj, "annotations"),
+        cdi_devices=tuple(cdi),
+        problem=problem,
+    )
+    problem = devices.device_problem(device)
+    if problem is not None:
+        raise ValueError(f"device {device_id!r}: {problem}")
+    return device
+
+
+def device_entry(device: Device) -> bytes:
+    """The exact bytes `device` takes in an encoded list (without the separating comma)."""
+    if device.bare:
+        # ["<id>","<health>"]: IDs (devices.id_problem) and health values need no JSON escapes.
+        return b'["%s","%s"]' % (device.device_id.encode("ascii"), device.health.encode("ascii"))
+    return _dumps(device_to_wire(device))
+
+
+def device_hash(device: Device) -> int:
+    """A 64-bit hash of the device's wire entry: the same in every process (str hash() is not)."""
+    return int.from_bytes(hashlib.blake2b(device_entry(device), digest_size=8).digest(), "big")
+
+
+DIGEST_MOD = 1 << 64
+
+
+def set_digest(devices_: Iterable[Device]) -> int:
+    """The digest of a set: the sum of its devices' hashes mod 2**64, so a change updates it in O(change)."""
+    return sum(device_hash(d) for d in devices_) % DIGEST_MOD
+
+
+def moved_digest(digest: int, gone: Iterable[Device], came: Iterable[Device]) -> int:
+    """`digest` after the devices `gone` left the set and the devices `came` joined it."""
+    return (digest - sum(device_hash(d) for d in gone) + sum(device_hash(d) for d in came)) % DIGEST_MOD
+
+
+# --- whole messages ------------------------------------------------------------------------
+
+
 def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"v": WIRE_VERSION, "type": message.type, "epoch": message.epoch, "seq": message.seq}
     if isinstance(message, DeviceSnapshot):
         body["resource"] = message.resource
         body["dir_present"] = message.dir_present
         body["devices"] = [device_to_wire(d) for d in message.devices] if devices is None else devices
+    elif isinstance(message, DeviceDelta):
+        body["base"] = message.base
+        body["resource"] = message.resource
+        body["dir_present"] = message.dir_present
+        body["upsert"] = [device_to_wire(d) for d in message.upserts]
+        body["remove"] = list(message.removes)
+        body["digest"] = f"{message.digest:016x}"
     elif isinstance(message, KubeletState):
         body["kubelet_socket"] = message.kubelet_socket
         body["plugin_sockets"] = list(message.plugin_sockets)
@@ -151,6 +330,27 @@ def _need(body: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
+def _need_resource(body: dict[str, Any]) -> str:
+    resource: str = _need(body, "resource", str)
+    if resource_name_problem(resource) is not None:
+        raise MessageError(f"invalid resource name {resource!r}")
+    return resource
+
+
+def _devices(items: list[Any]) -> tuple[Device, ...]:
+    """The devices of a wire list, sorted by ID; MessageError names the first bad entry or a duplicate."""
+    found = []
+    for item in items:
+        try:
+            found.append(device_from_wire(item))
+        except ValueError as exc:
+            raise MessageError(f"invalid device entry: {exc}") from None
+    found.sort(key=lambda d: d.device_id)
+    if any(a.device_id == b.device_id for a, b in zip(found, found[1:], strict=False)):
+        raise MessageError("duplicate device IDs")
+    return tuple(found)
+
+
 def decode(data: bytes) -> Message:
     """Parse and validate one message; any defect raises MessageError."""
     if len(data) > MAX_MESSAGE_BYTES:
@@ -168,18 +368,24 @@ def decode(data: bytes) -> Message:
     if epoch < 0 or seq < 0:
         raise MessageError("negative epoch or seq")
     if kind == "device_snapshot":
-        resource = _need(body, "resource", str)
-        if resource_name_problem(resource) is not None:
-            raise MessageError(f"invalid resource name {resource!r}")
-        devices = []
-        for item in _need(body, "devices", list):
-            try:
-                devices.append(device_from_wire(item))
-            except ValueError as exc:
-                raise MessageError(f"invalid device entry: {exc}") from None
-        if len({d.device_id for d in devices}) != len(devices):
-            raise MessageError("duplicate device IDs")
-        return DeviceSnapshot(epoch, seq, DeviceSet.of(devices), _need(body, "dir_present", bool), resource)
+        resource = _need_resource(body)
+        found = _devices(_need(body, "devices", list))
+        return DeviceSnapshot(epoch, seq, DeviceSet(found), _need(body, "dir_present", bool), resource)
+    if kind == "device_delta":
+        resource, base = _need_resource(body), _need(body, "base", int)
+        if not 0 <= base < seq:
+            raise MessageError("base is not before seq")
+        upserts, removes = _devices(_need(body, "upsert", list)), _need(body, "remove", list)
+        for device_id in removes:
+            if not isinstance(device_id, str) or devices.id_problem(device_id) is not None:
+                raise MessageError(f"invalid removed device ID {_show(device_id)}")
+        if len(set(removes)) != len(removes) or not {d.device_id for d in upserts}.isdisjoint(removes):
+            raise MessageError("a device ID removed twice, or both removed and upserted")
+        digest = _need(body, "digest", str)
+        if not _DIGEST.match(digest):
+            raise MessageError("digest is not 16 lowercase hex digits")
+        present = _need(body, "dir_present", bool)
+        return DeviceDelta(epoch, seq, base, upserts, tuple(sorted(removes)), int(digest, 16), present, resource)
     if kind == "kubelet_state":
         sockets = _need(body, "plugin_sockets", list)
         if not all(isinstance(s, str) for s in sockets):

@@ -9,7 +9,8 @@ import pytest
 
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devicefile import MAX_FILE_BYTES, parse
-from colad.devices import Device, DeviceNode, Mount, device_from_wire, device_to_wire
+from colad.devices import Device, DeviceNode, Mount
+from colad.messages import device_from_wire, device_to_wire
 
 pytestmark = pytest.mark.unit
 

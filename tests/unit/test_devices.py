@@ -22,13 +22,12 @@ from colad.devices import (
     SkippedName,
     base_id,
     build,
-    device_from_wire,
     device_problem,
-    device_to_wire,
     diff,
     id_problem,
     replicate,
 )
+from colad.messages import device_from_wire, device_to_wire
 
 pytestmark = pytest.mark.unit
 
