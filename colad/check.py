@@ -9,26 +9,23 @@ Exit codes: 0 all answered and allocated; 1 something answered wrong; 3 nothing 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
 
-from colad import constants
+from colad import constants, kubeletdir, statefile
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.config import Config
+from colad.statefile import PluginState, StateFileError
 
 # Sent on every call, so the plugin can keep check calls out of its allocation metrics.
 CHECK_METADATA = (("x-colad-check", "1"),)
 EXIT_OK, EXIT_WRONG, EXIT_NOTHING = 0, 1, 3
-# A dial that fails with these found no plugin behind the path: a stale or vanished socket.
-DEAD_ERRNOS = {errno.ENOENT: "no such file", errno.ECONNREFUSED: "connection refused"}
 
 
 @dataclass
@@ -68,18 +65,10 @@ class SocketReport:
 
 # ---- pure core: resource name, judgement, formatting ----
 
-def resource_for(state: object, endpoint: str) -> str:
-    """The resource served on `endpoint` per the plugin's state file, in any shape we know, else "unknown"."""
-    if not isinstance(state, dict):
-        return "unknown"
-    entries = state.get("resources")
-    candidates = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
-    candidates.append({"name": state.get("resource_name"), "endpoint": state.get("endpoint")})
-    for entry in candidates:
-        name, where = entry.get("name"), entry.get("endpoint")
-        if isinstance(name, str) and name and isinstance(where, str) and os.path.basename(where) == endpoint:
-            return name
-    return "unknown"
+def resource_for(state: PluginState | None, endpoint: str) -> str:
+    """The resource served on `endpoint` per the plugin's state file, else "unknown"."""
+    served = state.by_endpoint(endpoint) if state is not None else None
+    return served.name if served is not None and served.name else "unknown"
 
 
 def device_problems(device: DeviceReport) -> list[str]:
@@ -163,28 +152,20 @@ def render(reports: list[SocketReport], reason: str) -> str:
 def find_sockets(kubelet_dir: str) -> list[str]:
     """Every colad plugin socket in the kubelet directory; raises OSError when it cannot be listed.
 
-    Not kubelet_watch.plugin_sockets: that one reads an unreadable directory as empty,
+    Not kubeletdir.plugin_sockets: that one reads an unreadable directory as empty,
     and an operator without root must hear "permission denied", not "colad is not running".
     """
     try:
-        names = os.listdir(kubelet_dir)
+        names = kubeletdir.plugin_socket_names(kubelet_dir)
     except FileNotFoundError:
         return []
-    prefix, suffix = constants.PLUGIN_SOCKET_PREFIX, constants.PLUGIN_SOCKET_SUFFIX
-    return sorted(os.path.join(kubelet_dir, n) for n in names if n.startswith(prefix) and n.endswith(suffix))
+    return [os.path.join(kubelet_dir, n) for n in names]
 
 
 def probe(path: str, timeout: float) -> tuple[bool, str]:
     """(dead, reason) of one plain connect(); (False, "") when something accepts."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except OSError as exc:
-            if exc.errno in DEAD_ERRNOS:
-                return True, DEAD_ERRNOS[exc.errno]
-            return False, exc.strerror or str(exc)
-    return False, ""
+    result = kubeletdir.dial(path, timeout)
+    return result.dead, result.reason
 
 
 def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
@@ -310,11 +291,10 @@ class SocketCheck:
         self.report.problems.append(f"{method} failed: {code} {details}".rstrip())
 
 
-def read_state(path: str) -> object:
+def read_state(path: str) -> PluginState | None:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        return statefile.read(path)
+    except StateFileError:
         return None
 
 

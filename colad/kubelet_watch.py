@@ -10,8 +10,6 @@ plugin re-checks the directory itself before acting: this role says "look".
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 
 import pyinotify
@@ -20,6 +18,7 @@ from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
 from colad.errors import MessageError
+from colad.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
 from colad.queue import QueueClient
 
 LOG = log.get(__name__)
@@ -35,38 +34,13 @@ KUBELET_DIR_EVENTS = (
 )
 
 
-def socket_identity(path: str) -> str:
-    """"dev:ino:ctime_ns" of the socket at `path`, or "" when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ""
-    if not stat.S_ISSOCK(st.st_mode):
-        return ""
-    return f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
-
-
-def is_plugin_socket_name(name: str) -> bool:
-    return name.startswith(constants.PLUGIN_SOCKET_PREFIX) and name.endswith(constants.PLUGIN_SOCKET_SUFFIX)
-
-
-def plugin_sockets(kubelet_dir: str) -> tuple[str, ...]:
-    """Names of the sockets (only sockets: a file or directory of that name is not ours) named like colad's."""
-    try:
-        names = os.listdir(kubelet_dir)
-    except OSError:
-        return ()
-    return tuple(sorted(n for n in names if is_plugin_socket_name(n) and _is_socket(os.path.join(kubelet_dir, n))))
-
-
-def _is_socket(path: str) -> bool:
-    try:
-        return stat.S_ISSOCK(os.lstat(path).st_mode)
-    except OSError:
-        return False
+# Re-exported for the modules that still import them from here; colad.kubeletdir owns them.
+__all__ = ["KubeletWatch", "is_plugin_socket_name", "main", "plugin_sockets", "socket_identity"]
 
 
 class KubeletWatch(watch.WatcherLoop):
+    """The watcher role's loop: inotify on the kubelet directory, a KubeletState on every change."""
+
     def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
         super().__init__(cfg, "kubelet-watch", client=client)
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)

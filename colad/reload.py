@@ -11,12 +11,12 @@ Exit codes: 0 applied; 1 refused or not confirmed in time; 2 invalid config;
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import xmlrpc.client
 from typing import Any
 
+from colad import statefile
 from colad.config import Config
 from colad.status import supervisor_proxy
 
@@ -24,19 +24,9 @@ GROUP = "colad"  # [group:colad] in conf/supervisord.conf
 CONFIRM_TIMEOUT = 10.0
 
 
-def last_reload(cfg: Config) -> dict[str, Any]:
-    try:
-        with open(cfg.plugin_state_file, encoding="utf-8") as handle:
-            state = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    reload = state.get("reload") if isinstance(state, dict) else None
-    return reload if isinstance(reload, dict) else {}
-
-
 def main(args: Any = None, cfg: Config | None = None) -> int:
     assert cfg is not None
-    before = last_reload(cfg).get("at")
+    before = statefile.read_reload(cfg.plugin_state_file)
     try:
         supervisor_proxy(cfg.supervisor_socket).supervisor.signalProcessGroup(GROUP, "HUP")
     except (OSError, xmlrpc.client.Error) as exc:
@@ -44,14 +34,15 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
         return 3
     deadline = time.monotonic() + CONFIRM_TIMEOUT
     while time.monotonic() < deadline:
-        result = last_reload(cfg)
-        if result.get("at") != before and "ok" in result:
-            if result["ok"]:
-                parts = [f"{key}={','.join(result.get(key) or []) or '-'}" for key in ("added", "removed", "changed")]
-                deferred = ",".join(result.get("deferred") or [])
+        result = statefile.read_reload(cfg.plugin_state_file)
+        if result is not None and (before is None or result.at != before.at):
+            if result.ok:
+                named = {"added": result.added, "removed": result.removed, "changed": result.changed}
+                parts = [f"{key}={','.join(names) or '-'}" for key, names in named.items()]
+                deferred = ",".join(result.deferred)
                 print("colad reload: applied: " + " ".join(parts) + (f" (at restart: {deferred})" if deferred else ""))
                 return 0
-            print(f"colad reload: refused, the running config stays: {result.get('reason')}", file=sys.stderr)
+            print(f"colad reload: refused, the running config stays: {result.reason}", file=sys.stderr)
             return 1
         time.sleep(0.05)
     print(f"colad reload: signalled, but the plugin did not confirm within {CONFIRM_TIMEOUT:.0f}s", file=sys.stderr)

@@ -19,8 +19,9 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from colad import inuse
+from colad import inuse, statefile
 from colad.config import Config
+from colad.statefile import StateFileError
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
 ROLE_CHECK_TIMEOUT = 1.0  # /healthz must answer fast even when supervisord is busy
@@ -165,27 +166,24 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
     # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it.
     report["problems"].extend(not_running(infos))
     try:
-        with open(cfg.plugin_state_file, encoding="utf-8") as handle:
-            plugin = json.load(handle)
-    except (OSError, ValueError) as exc:
+        plugin = statefile.read_raw(cfg.plugin_state_file)
+        state = statefile.from_json(plugin)
+    except StateFileError as exc:
         report["problems"].append(f"plugin state unknown: {exc}")
         return report
     plugin_pid = report["processes"].get("plugin", {}).get("pid")
-    if plugin.get("pid") != plugin_pid:
+    if state.pid != plugin_pid:
         report["problems"].append("plugin state file is from an earlier plugin process")
         plugin["registered"] = False
     report["plugin"] = plugin
-    resources = plugin.get("resources")
-    if isinstance(resources, list) and resources and plugin.get("pid") == plugin_pid:
-        for r in resources:
-            if isinstance(r, dict) and not r.get("registered"):
-                why = f"{r.get('state')}: {r.get('last_error') or '-'}"
-                report["problems"].append(f"{r.get('name')} not registered ({why})")
+    if "resources" in plugin and state.resources and state.pid == plugin_pid:
+        for r in state.resources:
+            if not r.registered:
+                report["problems"].append(f"{r.name} not registered ({r.state}: {r.last_error or '-'})")
     elif not plugin.get("registered"):
         report["problems"].append(f"plugin not registered ({plugin.get('state')}: {plugin.get('last_error') or '-'})")
-    reload = plugin.get("reload")
-    if isinstance(reload, dict) and reload.get("ok") is False:
-        report["problems"].append(f"last reload refused, the running config stays: {reload.get('reason')}")
+    if state.reload is not None and not state.reload.ok:
+        report["problems"].append(f"last reload refused, the running config stays: {state.reload.reason}")
     return report
 
 

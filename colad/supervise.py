@@ -12,13 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import socket
 import stat
 import string
 import sys
 from pathlib import Path
 
-from colad import constants, log
+from colad import constants, kubeletdir, log
 from colad.config import Config
 from colad.errors import ConfigError, InstanceError
 
@@ -116,16 +115,9 @@ def prepare_run_dir(cfg: Config) -> None:
         os.chmod(cfg.run_dir, 0o700)
     sock_path = cfg.supervisor_socket
     if os.path.lexists(sock_path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(sock_path)
-        except OSError:
-            os.unlink(sock_path)  # left by a dead supervisord
-        else:
+        if kubeletdir.dial(sock_path, 1.0).live:
             raise InstanceError(f"colad is already running here (supervisord answers on {sock_path})")
-        finally:
-            probe.close()
+        os.unlink(sock_path)  # left by a dead supervisord
 
 
 def read_template(cfg: Config) -> str:

@@ -1,0 +1,304 @@
+"""The plugin's published state (state/plugin.json): its dataclasses and their only reader and writer.
+
+Written by the plugin's life-cycle thread after every change; read by `colad
+status`, `colad check` (the resource behind a socket) and `colad reload` (how the
+last reload was taken). The JSON keeps the keys readers have always seen, the
+flat top-level ones from before [[resources]] included. No logging on read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from colad import log
+from colad.errors import ColadError
+
+LOG = log.get(__name__)
+
+
+class StateFileError(ColadError):
+    """The state file cannot be read or is not a state file colad writes."""
+
+
+class StateFileMissing(StateFileError):
+    """No state file yet: the plugin has not started (or never ran in this run directory)."""
+
+
+@dataclass(frozen=True)
+class ListCut:
+    """The last device list measured against the kubelet's receive limit (service.fit_list)."""
+
+    size: int = 0  # encoded bytes of the list sent
+    wanted: int = 0  # device IDs the list should have held
+    dropped: int = 0  # device IDs left out so that it fits
+
+
+@dataclass(frozen=True)
+class ResourceState:
+    """One resource as the plugin serves it: registration, socket, advertised list and streams."""
+
+    name: str
+    device_dir: str = ""
+    replicas: int = 1
+    state: str = "starting"
+    registered: bool = False
+    endpoint: str = ""  # basename of the plugin socket, "" while not serving
+    devices: int = 0
+    healthy: int = 0
+    streams: int = 0  # live ListAndWatch streams of the current server generation
+    open_streams: int = 0  # every open stream, older generations included
+    since: float = 0.0  # wall time of the last state change
+    last_error: str = ""
+    last_registered: float = 0.0  # wall time of the last successful Register; 0: never
+    cut: ListCut = field(default_factory=ListCut)
+
+    @property
+    def unhealthy(self) -> int:
+        return self.devices - self.healthy
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    """How the plugin took the last SIGHUP: applied (what changed) or refused (why)."""
+
+    at: float
+    ok: bool
+    reason: str = ""
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    deferred: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PluginState:
+    """The whole plugin at one moment: an immutable snapshot, safe to hand to any thread."""
+
+    pid: int
+    resources: tuple[ResourceState, ...] = ()
+    metrics_address: str = ""
+    config_file: str = ""
+    reload: ReloadResult | None = None
+    healthy: bool | None = None  # the /healthz verdict, when the writer computed one
+    health: str = ""
+
+    def waiting(self) -> ResourceState | None:
+        """The first resource not registered, else the first: the flat top-level fields describe it."""
+        return next((r for r in self.resources if not r.registered), self.resources[0] if self.resources else None)
+
+    def by_endpoint(self, endpoint: str) -> ResourceState | None:
+        """The resource served on socket `endpoint` (a basename or a path)."""
+        base = os.path.basename(endpoint)
+        return next((r for r in self.resources if r.endpoint and os.path.basename(r.endpoint) == base), None)
+
+
+def _resource_json(r: ResourceState) -> dict[str, object]:
+    return {
+        "name": r.name,
+        "device_dir": r.device_dir,
+        "replicas": r.replicas,
+        "state": r.state,
+        "registered": r.registered,
+        "endpoint": r.endpoint,
+        "devices": r.devices,
+        "healthy": r.healthy,
+        "streams": r.streams,
+        "open_streams": r.open_streams,
+        "since": r.since,
+        "last_error": r.last_error,
+        "last_registered": r.last_registered,
+        "list": {"size": r.cut.size, "wanted": r.cut.wanted, "dropped": r.cut.dropped},
+    }
+
+
+def _reload_json(result: ReloadResult | None) -> dict[str, object]:
+    if result is None:
+        return {}
+    body: dict[str, object] = {"at": result.at, "ok": result.ok, "reason": result.reason}
+    if result.ok:
+        body.update(
+            added=list(result.added),
+            removed=list(result.removed),
+            changed=list(result.changed),
+            deferred=list(result.deferred),
+        )
+    return body
+
+
+def to_json(state: PluginState) -> dict[str, object]:
+    """The file's JSON object: per-resource entries plus the flat keys of the one-resource shape."""
+    waiting = state.waiting()
+    first = state.resources[0] if state.resources else None
+    return {
+        "pid": state.pid,
+        "state": waiting.state if waiting else "",
+        "registered": waiting.registered if waiting else False,
+        "resource_name": first.name if first else "",
+        "endpoint": first.endpoint if first else "",
+        "devices": sum(r.devices for r in state.resources),
+        "healthy": sum(r.healthy for r in state.resources),
+        "streams": sum(r.streams for r in state.resources),
+        "since": waiting.since if waiting else 0.0,
+        "last_error": waiting.last_error if waiting else "",
+        "metrics_address": state.metrics_address,
+        "resources": [_resource_json(r) for r in state.resources],
+        "config_file": state.config_file,
+        "reload": _reload_json(state.reload),
+        **({} if state.healthy is None else {"health": {"ok": state.healthy, "reason": state.health}}),
+    }
+
+
+def _int(raw: dict[str, object], key: str, default: int = 0) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):  # a count that says "true" is no count
+        return value
+    raise StateFileError(f"{key}: {type(value).__name__}, not a whole number")
+
+
+def _float(raw: dict[str, object], key: str, default: float = 0.0) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise StateFileError(f"{key}: {type(value).__name__}, not a number")
+
+
+def _str(raw: dict[str, object], key: str, default: str = "") -> str:
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value
+    raise StateFileError(f"{key}: {type(value).__name__}, not a string")
+
+
+def _bool(raw: dict[str, object], key: str, default: bool = False) -> bool:
+    value = raw.get(key, default)
+    if isinstance(value, bool):
+        return value
+    raise StateFileError(f"{key}: {type(value).__name__}, not true or false")
+
+
+def _names(raw: dict[str, object], key: str) -> tuple[str, ...]:
+    value = raw.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise StateFileError(f"reload.{key}: not a list of names")
+    return tuple(value)
+
+
+def _resource_from(raw: object) -> ResourceState:
+    if not isinstance(raw, dict):
+        raise StateFileError("resources: an entry is not an object")
+    cut = raw.get("list")
+    cut = cut if isinstance(cut, dict) else {}
+    return ResourceState(
+        name=_str(raw, "name"),
+        device_dir=_str(raw, "device_dir"),
+        replicas=_int(raw, "replicas", 1),
+        state=_str(raw, "state"),
+        registered=_bool(raw, "registered"),
+        endpoint=_str(raw, "endpoint"),
+        devices=_int(raw, "devices", 0),
+        healthy=_int(raw, "healthy", 0),
+        streams=_int(raw, "streams", 0),
+        open_streams=_int(raw, "open_streams", 0),
+        since=_float(raw, "since"),
+        last_error=_str(raw, "last_error"),
+        last_registered=_float(raw, "last_registered"),
+        cut=ListCut(
+            _int(cut, "size", 0),
+            _int(cut, "wanted", 0),
+            _int(cut, "dropped", 0),
+        ),
+    )
+
+
+def _reload_from(raw: object) -> ReloadResult | None:
+    if not isinstance(raw, dict) or "ok" not in raw:
+        return None
+    return ReloadResult(
+        at=_float(raw, "at"),
+        ok=_bool(raw, "ok"),
+        reason=_str(raw, "reason"),
+        added=_names(raw, "added"),
+        removed=_names(raw, "removed"),
+        changed=_names(raw, "changed"),
+        deferred=_names(raw, "deferred"),
+    )
+
+
+def from_json(raw: object) -> PluginState:
+    """The snapshot a state file holds; the flat one-resource shape (no "resources") is read too."""
+    if not isinstance(raw, dict):
+        raise StateFileError(f"not an object but {type(raw).__name__}")
+    entries = raw.get("resources")
+    if entries is None:  # a state file from before [[resources]]
+        entries = [{**raw, "name": raw.get("resource_name", "")}]
+    if not isinstance(entries, list):
+        raise StateFileError("resources: not a list")
+    health = raw.get("health")
+    return PluginState(
+        pid=_int(raw, "pid", 0),
+        resources=tuple(_resource_from(e) for e in entries),
+        metrics_address=_str(raw, "metrics_address"),
+        config_file=_str(raw, "config_file"),
+        reload=_reload_from(raw.get("reload")),
+        healthy=bool(health.get("ok")) if isinstance(health, dict) else None,
+        health=str(health.get("reason", "")) if isinstance(health, dict) else "",
+    )
+
+
+def read_raw(path: str) -> dict[str, object]:
+    """The file's JSON object as written (for `colad status --json`); raises StateFileError."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except FileNotFoundError as exc:
+        raise StateFileMissing(f"{path}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:
+        raise StateFileError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise StateFileError(f"{path}: not an object but {type(raw).__name__}")
+    return raw
+
+
+def read(path: str) -> PluginState:
+    """The snapshot in the file at `path`; raises StateFileMissing or StateFileError, naming the path."""
+    raw = read_raw(path)
+    try:
+        return from_json(raw)
+    except StateFileError as exc:
+        raise StateFileError(f"{path}: {exc}") from None
+
+
+def read_reload(path: str) -> ReloadResult | None:
+    """The last reload's result, None when there is none or the file is unreadable (never raises)."""
+    try:
+        return read(path).reload
+    except StateFileError:
+        return None
+
+
+def write_json(path: str, body: object) -> bool:
+    """Replace the JSON file `path` atomically (0600, in a 0700 directory); False (logged), never raises.
+
+    Readers see the old file or the new one, never half of one; a state file is
+    never worth a crash. The socket record and the in-use view are written this way too.
+    """
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(body, handle)
+        os.replace(tmp, path)
+    except (OSError, ValueError, TypeError) as exc:
+        LOG.warning("state file not written", path=path, error=exc)
+        return False
+    return True
+
+
+def write(path: str, state: PluginState) -> bool:
+    """Publish `state` to the file at `path` (see write_json): True when written."""
+    return write_json(path, to_json(state))
