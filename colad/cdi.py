@@ -1,0 +1,209 @@
+"""CDI specs: what a container runtime needs to resolve `<resource>=<device ID>` on its own.
+
+build() turns one resource's advertised device set into a Container Device Interface spec
+(kind = the resource name, one device per advertised ID, replicas included) and picks the
+lowest cdiVersion that carries it; it is pure. SpecWriter is the thin shell: an atomic
+write + rename into the spec directory (default /var/run/cdi), and a removal on stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from colad.devices import Device, DeviceSet, SkippedName
+
+DEFAULT_SPEC_DIR = "/var/run/cdi"
+# The versions this module writes, oldest first (container-device-interface specs-go/version.go).
+# podman 4.3.1 (Debian bookworm) reads 0.3.0-0.5.0 and silently ignores 0.6.0 and later
+# (checked, ../shared/PLATFORM-NOTES.md section 8); CDI >= 0.6 runtimes refuse a spec whose
+# version is lower than the features it uses need. So the lowest sufficient version is the
+# only one every runtime takes.
+VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0")
+# A variable every CDI device sets, so no device has empty containerEdits (podman 4.3 then rejects
+# the whole spec) and a container can see which CDI devices it got. COLA_DEVICES itself cannot be
+# a CDI edit: the runtime applies devices one after another, so the last one's value would win.
+MARKER_PREFIX = "COLA_DEVICE_"
+# pkg/parser/parser.go: ValidateVendorName, ValidateClassName (a '.' in the class needs 0.6.0),
+# ValidateDeviceName.
+_VENDOR = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
+_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
+_UNESCAPED = re.compile(r"[^A-Za-z0-9]")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One resource's CDI spec: the JSON document and the advertised IDs it could not carry."""
+
+    kind: str
+    document: dict[str, Any]
+    skipped: tuple[SkippedName, ...] = ()
+
+    @property
+    def version(self) -> str:
+        return str(self.document["cdiVersion"])
+
+    def encode(self) -> bytes:
+        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite)."""
+        return (json.dumps(self.document, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def kind_problem(resource_name: str) -> str | None:
+    """Why `resource_name` cannot be a CDI kind vendor/class, or None."""
+    vendor, sep, cls = resource_name.partition("/")
+    if not sep:
+        return f"{resource_name!r} has no '/' (a CDI kind is vendor/class)"
+    if not _VENDOR.match(vendor):
+        return f"CDI vendor {vendor!r} must start with a letter and hold only A-Z a-z 0-9 _ - ."
+    if not _CLASS.match(cls):
+        return f"CDI class {cls!r} must start with a letter and hold only A-Z a-z 0-9 _ - ."
+    return None
+
+
+def device_name(resource_name: str, device_id: str) -> str:
+    """The fully qualified CDI name of an advertised ID, as Allocate answers it."""
+    return f"{resource_name}={device_id}"
+
+
+def name_problem(device_id: str) -> str | None:
+    """Why an advertised ID cannot be a CDI device name (IDs may end in . _ -, CDI names not)."""
+    if _NAME.match(device_id):
+        return None
+    return "not a CDI device name: it must end with a letter or digit"
+
+
+def marker(device_id: str) -> str:
+    """COLA_DEVICE_<id>=<id>, the name escaped injectively: every byte outside A-Z a-z 0-9 as _XX."""
+    escaped = _UNESCAPED.sub(lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), device_id)
+    return f"{MARKER_PREFIX}{escaped}={device_id}"
+
+
+def edits(device: Device) -> dict[str, Any]:
+    """A device's containerEdits: what the classic Allocate answer gives, minus colad's own lists.
+
+    A malformed device (problem set) carries nothing but the marker, as it contributes nothing
+    to a container in Allocate either.
+    """
+    env = [marker(device.device_id)] + [f"{k}={v}" for k, v in device.envs]
+    result: dict[str, Any] = {"env": env}
+    if device.device_nodes:
+        nodes = []
+        for n in device.device_nodes:
+            node: dict[str, Any] = {"path": n.container_path, "permissions": n.permissions}
+            if n.host_path != n.container_path:
+                node["hostPath"] = n.host_path  # the field that needs 0.5.0
+            nodes.append(node)
+        result["deviceNodes"] = nodes
+    if device.mounts:
+        # No "type" (it needs 0.4.0): runc and crun take the "rbind" option as a bind mount, as
+        # NVIDIA's generated specs rely on. No nosuid/nodev: a mounted directory may hold devices.
+        result["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["rbind", "ro" if m.read_only else "rw"],
+            }
+            for m in device.mounts
+        ]
+    return result
+
+
+def required_version(document: dict[str, Any]) -> str:
+    """The lowest cdiVersion whose features `document` uses (specs-go/version.go requiredVersion)."""
+    kind = str(document.get("kind", ""))
+    if "." in kind.partition("/")[2] or document.get("annotations"):
+        return "0.6.0"
+    devices = document.get("devices", [])
+    all_edits = [document.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in devices]
+    if any(d.get("annotations") for d in devices):
+        return "0.6.0"
+    digit_name = any(str(d.get("name", ""))[:1].isdigit() for d in devices)
+    if digit_name or any(n.get("hostPath") for e in all_edits for n in e.get("deviceNodes", [])):
+        return "0.5.0"
+    if any(m.get("type") for e in all_edits for m in e.get("mounts", [])):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def build(resource_name: str, devices: DeviceSet) -> Spec | None:
+    """The CDI spec of `resource_name` for its advertised `devices`, or None when there is none.
+
+    Every advertised ID is a device, Healthy or not: a container that already holds a device
+    that turned Unhealthy must still resolve it when the kubelet restarts it. None when the
+    resource name is not a CDI kind, or no ID is a CDI name (a spec without devices is
+    invalid from CDI 0.6 on): the caller removes the file then.
+    """
+    if kind_problem(resource_name) is not None:
+        return None
+    entries = []
+    skipped = []
+    for device in devices:
+        problem = name_problem(device.device_id)
+        if problem is not None:
+            skipped.append(SkippedName(device.device_id, problem))
+            continue
+        entries.append({"name": device.device_id, "containerEdits": edits(device)})
+    if not entries:
+        return None
+    document: dict[str, Any] = {"cdiVersion": "", "kind": resource_name, "devices": entries}
+    document["cdiVersion"] = required_version(document)
+    return Spec(resource_name, document, tuple(skipped))
+
+
+def file_name(resource_name: str) -> str:
+    """The spec's file name: colad-<vendor>-<class>.json (upstream GenerateSpecName, prefixed by its writer)."""
+    return "colad-" + resource_name.replace("/", "-") + ".json"
+
+
+class SpecWriter:
+    """Writes and removes colad's spec files in one directory, each only when its bytes change.
+
+    The temporary file ends in .tmp, which runtimes skip (they read *.json and *.yaml), and is
+    renamed over the spec, so a runtime reads either the old spec or the new one, never a part.
+    """
+
+    def __init__(self, spec_dir: str = DEFAULT_SPEC_DIR) -> None:
+        self.spec_dir = spec_dir
+        self._written: dict[str, bytes] = {}
+
+    def path(self, resource_name: str) -> str:
+        return os.path.join(self.spec_dir, file_name(resource_name))
+
+    def write(self, resource_name: str, spec: Spec | None) -> bool:
+        """Write `spec` (remove the file when None); True if the directory changed. Raises OSError."""
+        if spec is None:
+            return self.remove(resource_name)
+        data = spec.encode()
+        if self._written.get(resource_name) == data and os.path.exists(self.path(resource_name)):
+            return False
+        os.makedirs(self.spec_dir, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".colad-", suffix=".tmp", dir=self.spec_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), 0o644)  # runtimes read specs as root; nothing in it is secret to root
+                os.fsync(f.fileno())
+            os.rename(tmp, self.path(resource_name))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self._written[resource_name] = data
+        return True
+
+    def remove(self, resource_name: str) -> bool:
+        """Remove the resource's spec (graceful stop, no devices); True if a file was removed."""
+        self._written.pop(resource_name, None)
+        try:
+            os.unlink(self.path(resource_name))
+        except FileNotFoundError:
+            return False
+        return True
