@@ -9,13 +9,8 @@ prometheus-client 0.16 (Debian bookworm) and current releases: no newer API.
 
 from __future__ import annotations
 
-import os
-import socket
-import socketserver
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,133 +20,26 @@ from prometheus_client import (
     Info,
     PlatformCollector,
     ProcessCollector,
-    make_wsgi_app,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.metrics import MetricWrapperBase
 
 from colad import __version__, constants, log
+from colad.collectors import QUEUE_EVENTS, RESCAN_REASONS, PeerCollector, Peers, StateCollector
+from colad.httpserver import MetricsServer, parse_address
+from colad.statefile import PluginState
 
 LOG = log.get(__name__)
+# Re-exported: the server and the collectors lived here before httpserver.py and collectors.py.
+__all__ = [
+    "RESCAN_REASONS", "Metrics", "MetricsServer", "PeerCollector", "Peers", "Registry", "StateCollector",
+    "parse_address",
+]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup")
 SERVER_RESTART_REASONS = ("start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry")
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
-QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
-INPUT_PREFIX = "input."
 PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
-
-
-@dataclass
-class Peers:
-    """What the plugin knows of its neighbours: their pids and their latest counters."""
-
-    pids: dict[str, int] = field(default_factory=dict)
-    counters: dict[str, dict[str, int]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def update(self, role: str, pid: int, counters: Iterable[tuple[str, int]] | None = None) -> None:
-        with self.lock:
-            self.pids[role] = pid
-            if counters is not None:
-                self.counters[role] = dict(counters)
-
-    def snapshot(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        with self.lock:
-            return dict(self.pids), {k: dict(v) for k, v in self.counters.items()}
-
-
-def _proc_figures(pid: int) -> dict[str, float] | None:
-    """CPU seconds, RSS, virtual size, start time and open fds of `pid`, as ProcessCollector reads them."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            parts = handle.read().split(b")")[-1].split()
-        with open("/proc/stat", "rb") as handle:
-            btime = next(float(line.split()[1]) for line in handle if line.startswith(b"btime"))
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
-    return {
-        "cpu": (float(parts[11]) + float(parts[12])) / ticks,
-        "rss": float(parts[21]) * page,
-        "vsize": float(parts[20]),
-        "start": btime + float(parts[19]) / ticks,
-        "fds": float(fds),
-    }
-
-
-class PeerCollector:
-    """Exports the discovery and watcher counters and every colad process' /proc figures."""
-
-    def __init__(
-        self,
-        peers: Peers,
-        own: Callable[[], dict[str, int]],
-        own_inputs: Callable[[], dict[str, int]] = dict,
-    ) -> None:
-        self.peers = peers
-        self.own = own  # the plugin's own queue counters, by event
-        self.own_inputs = own_inputs  # the plugin's own input rejections, by reason
-
-    def collect(self) -> Iterator[Metric]:
-        pids, counters = self.peers.snapshot()
-        rescans = CounterMetricFamily(
-            "colad_discovery_rescans", "Device directory rescans by discovery, by reason.", labels=["reason"]
-        )
-        discovery = counters.get("discovery", {})
-        for reason in RESCAN_REASONS:
-            rescans.add_metric([reason], discovery.get(f"rescans.{reason}", 0))
-        yield rescans
-        queue = CounterMetricFamily(
-            "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
-        )
-        own = self.own()
-        for event in QUEUE_EVENTS:
-            queue.add_metric(["plugin", event], own.get(event, 0))
-        for role in ("discovery", "kubelet-watch"):
-            for event in ("sent", "dropped"):
-                queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))
-        yield queue
-        # Every "input.<reason>" counter a role sends (bad names, oversized snapshots, parse
-        # timeouts, unusable directories...): the names are checked label-safe by messages.py.
-        inputs = CounterMetricFamily(
-            "colad_input_rejected",
-            "Inputs a colad process refused or left alone (and went on), by process role and reason.",
-            labels=["role", "reason"],
-        )
-        for reason, value in sorted(self.own_inputs().items()):
-            inputs.add_metric(["plugin", reason], value)
-        for role in sorted(counters):
-            for name, value in sorted(counters[role].items()):
-                if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
-                    inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
-        yield inputs
-        pids = {"plugin": os.getpid(), "supervisord": os.getppid(), **pids}
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "cpu": CounterMetricFamily("colad_process_cpu_seconds", "CPU time of each colad process.", labels=["role"]),
-            "rss": GaugeMetricFamily(
-                "colad_process_resident_memory_bytes", "Resident memory of each colad process.", labels=["role"]
-            ),
-            "vsize": GaugeMetricFamily(
-                "colad_process_virtual_memory_bytes", "Virtual memory of each colad process.", labels=["role"]
-            ),
-            "start": GaugeMetricFamily(
-                "colad_process_start_time_seconds", "Start time of each colad process (Unix time).", labels=["role"]
-            ),
-            "fds": GaugeMetricFamily(
-                "colad_process_open_fds", "Open file descriptors of each colad process.", labels=["role"]
-            ),
-        }
-        for role, pid in sorted(pids.items()):
-            figures = _proc_figures(pid)
-            if figures is None:
-                continue
-            for key, family in families.items():
-                family.add_metric([role], figures[key])
-        yield from families.values()
 
 
 class Registry(CollectorRegistry):
@@ -175,8 +63,19 @@ class Registry(CollectorRegistry):
 class Metrics:
     """The plugin's metrics. Tests read them with `registry.get_sample_value(...)`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, per_device: bool = True) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        per_device: bool = True,
+        snapshot: Callable[[], PluginState] | None = None,
+    ) -> None:
         r = self.registry = registry if registry is not None else Registry()
+        # With a published snapshot the current-state gauges come from StateCollector; the Gauge
+        # attributes below are then detached (registry None), so a caller still setting them is a no-op.
+        g = None if snapshot is not None else r
+        if snapshot is not None:
+            r.register(StateCollector(snapshot))
         self.per_device = per_device
         self.allocate_requests = Counter(
             "colad_allocate_requests", "Allocate calls by resource and result.", ["resource", "result"], registry=r
@@ -208,7 +107,7 @@ class Metrics:
             registry=r,
         )
         self.devices = Gauge(
-            "colad_devices", "Devices advertised now, by resource and health.", ["resource", "health"], registry=r
+            "colad_devices", "Devices advertised now, by resource and health.", ["resource", "health"], registry=g
         )
         self.device_set_changes = Counter(
             "colad_device_set_changes", "Changes of the advertised device set.", ["resource"], registry=r
@@ -229,20 +128,26 @@ class Metrics:
             registry=r,
         )
         self.streams = Gauge(
-            "colad_list_and_watch_streams", "Open ListAndWatch streams, by resource.", ["resource"], registry=r
+            "colad_list_and_watch_streams", "Open ListAndWatch streams, by resource.", ["resource"], registry=g
         )
         self.registered = Gauge(
             "colad_registered",
             "1 while the resource is registered with the kubelet, else 0.",
             ["resource"],
-            registry=r,
+            registry=g,
         )
         self.last_registration = Gauge(
             "colad_last_registration_timestamp_seconds",
             "Unix time of the last successful Register, by resource.",
             ["resource"],
-            registry=r,
+            registry=g,
         )
+        # The label values colad created where they are open-ended, so their series can be removed
+        # without reading the library's private tables. Written from the gRPC and in-use threads.
+        self._lock = threading.Lock()
+        self._device_ids: dict[str, set[str]] = {}
+        self._in_use_resources: set[str] = set()
+        self._holders: set[tuple[str, str, str, str, str]] = set()
         Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
@@ -253,13 +158,13 @@ class Metrics:
             "colad_list_and_watch_message_bytes",
             "Encoded size of the latest device list for the kubelet, by resource.",
             ["resource"],
-            registry=r,
+            registry=g,
         )
         self.list_dropped = Gauge(
             "colad_list_and_watch_dropped_devices",
             "Device IDs left out of the latest list to fit the kubelet's message limit, by resource.",
             ["resource"],
-            registry=r,
+            registry=g,
         )
         self.list_cut = Counter(
             "colad_list_and_watch_cuts",
@@ -305,29 +210,29 @@ class Metrics:
         self.list_cut.labels(resource)
 
     def remove_resource(self, resource: str) -> None:
-        """Drop every series of a resource a reload removed."""
-        for family in (
-            self.devices,
-            self.allocate_requests,
-            self.registrations,
-            self.server_restarts,
-            self.allocated_devices,
-            self.device_set_changes,
-            self.streams,
-            self.registered,
-            self.last_registration,
-            self.device_allocations,
-            self.list_bytes,
-            self.list_dropped,
-            self.list_cut,
+        """Drop every series of a resource a reload removed (the label values colad itself created)."""
+        for family, values in (
+            (self.devices, [(resource, h) for h in (constants.HEALTHY, constants.UNHEALTHY)]),
+            (self.allocate_requests, [(resource, r) for r in ALLOCATE_RESULTS]),
+            (self.registrations, [(resource, r) for r in ("success", "failure")]),
+            (self.server_restarts, [(resource, r) for r in SERVER_RESTART_REASONS]),
+            (self.device_allocations, [(resource, d) for d in sorted(self._device_ids.pop(resource, set()))]),
         ):
-            _remove_where(family, lambda labels: labels[0] == resource)
+            for labels in values:
+                _remove(family, *labels)
+        for family in (
+            self.allocated_devices, self.device_set_changes, self.streams, self.registered,
+            self.last_registration, self.list_bytes, self.list_dropped, self.list_cut,
+        ):
+            _remove(family, resource)
 
     def allocated(self, resource: str, device_ids: Iterable[str]) -> None:
         ids = list(device_ids)
         self.allocate_requests.labels(resource, "success").inc()
         self.allocated_devices.labels(resource).inc(len(ids))
         if self.per_device:
+            with self._lock:
+                self._device_ids.setdefault(resource, set()).update(ids)
             for device_id in ids:
                 self.device_allocations.labels(resource, device_id).inc()
 
@@ -335,7 +240,12 @@ class Metrics:
         """Drop per-device series of devices that are gone, so labels stay bounded by the device count."""
         if not self.per_device:
             return
-        _remove_where(self.device_allocations, lambda labels: labels[0] == resource and labels[1] not in present)
+        with self._lock:
+            known = self._device_ids.get(resource, set())
+            gone = known - present
+            known &= present
+        for device_id in sorted(gone):
+            _remove(self.device_allocations, resource, device_id)
 
     def set_in_use(self, up: bool, counts: dict[str, int], holders: Iterable[tuple[str, str, str, str, str]]) -> None:
         """Publish the in-use view; series of gone resources and holders are removed (labels stay bounded).
@@ -344,20 +254,26 @@ class Metrics:
         empty `counts` and `holders`: unknown is absent, not zero.
         """
         self.pod_resources_up.set(1 if up else 0)
-        _remove_where(self.devices_in_use, lambda labels: labels[0] not in counts)
+        wanted = set(holders) if self.per_device else set()
+        with self._lock:
+            gone_counts, self._in_use_resources = self._in_use_resources - set(counts), set(counts)
+            gone_holders, self._holders = self._holders - wanted, wanted
+        for resource in gone_counts:
+            _remove(self.devices_in_use, resource)
         for resource, count in counts.items():
             self.devices_in_use.labels(resource).set(count)
-        wanted = set(holders) if self.per_device else set()
-        _remove_where(self.device_holder_info, lambda labels: labels not in wanted)
+        for labels in gone_holders:
+            _remove(self.device_holder_info, *labels)
         for labels in wanted:
             self.device_holder_info.labels(*labels).set(1)
 
 
-def _remove_where(family: MetricWrapperBase, doomed: Callable[[Sequence[str]], bool]) -> None:
-    """Remove the series of `family` whose label values `doomed` picks, so labels stay bounded."""
-    for labels in list(family._metrics):  # noqa: SLF001 - no public listing in prometheus-client 0.16
-        if doomed(labels):
-            family.remove(*labels)
+def _remove(family: MetricWrapperBase, *labels: str) -> None:
+    """Remove one series, if it is there (prometheus-client raises KeyError for one never made)."""
+    try:
+        family.remove(*labels)
+    except KeyError:
+        pass
 
 
 def _versions() -> dict[str, str]:
@@ -374,89 +290,3 @@ def _versions() -> dict[str, str]:
     }
 
 
-class _Handler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-        LOG.debug("http request", line=format % args)
-
-
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-class MetricsServer:
-    """Serves /metrics and /healthz on the configured address; `health()` says (ok, reason)."""
-
-    def __init__(self, metrics: Metrics, address: str, health: Callable[[], tuple[bool, str]]) -> None:
-        self.metrics = metrics
-        self.address = address
-        self.health = health
-        self.server: WSGIServer | None = None
-        self.bound = ""
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self.failures = 0
-        self._metrics_app = make_wsgi_app(metrics.registry)
-
-    def app(self, environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
-        path = str(environ.get("PATH_INFO", "/"))
-        if path == "/healthz":
-            ok, reason = self.health()
-            status = "200 OK" if ok else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
-            return [(reason + "\n").encode()]
-        if path == "/metrics":
-            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
-        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"colad: see /metrics and /healthz\n"]
-
-    def start(self) -> bool:
-        """Bind and serve in a thread; False (logged) if the address cannot be bound."""
-        host, port = parse_address(self.address)
-        server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
-        try:
-            self.server = make_server(host, port, self.app, server_class=server_class, handler_class=_Handler)
-        except (OSError, UnicodeError) as exc:  # UnicodeError: getaddrinfo's idna codec on a bad host name
-            self.failures += 1
-            if self.failures == 1:  # then retried quietly on the plugin's safety timer
-                LOG.error("metrics endpoint not available; retrying", address=self.address, error=exc)
-            return False
-        if self.failures:
-            LOG.info("metrics endpoint available after retries", address=self.address, failures=self.failures)
-        bound_host, bound_port = str(self.server.server_address[0]), int(self.server.server_address[1])
-        self.bound = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
-        self._thread = threading.Thread(target=self._serve, name="metrics", daemon=True)
-        self._thread.start()
-        LOG.info("metrics listening", address=self.bound)
-        return True
-
-    def _serve(self) -> None:
-        # handle_request() blocks until a client comes: an idle colad never wakes up here
-        # (serve_forever would poll every 0.5 s). stop() wakes it with a connection.
-        assert self.server is not None
-        self.server.timeout = None
-        while not self._stopping:
-            self.server.handle_request()
-
-    def stop(self) -> None:
-        if self.server is None:
-            return
-        self._stopping = True
-        host, port = parse_address(self.bound)
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-        except OSError:
-            pass
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        self.server.server_close()
-        self.server = None

@@ -1,0 +1,185 @@
+"""The plugin's custom Prometheus collectors: state other components own, read at scrape time.
+
+`PeerCollector`: the discovery and watcher counters that arrive as Stats
+messages, the plugin's own queue and input counters, and every colad process'
+figures (prometheus_client's ProcessCollector, labelled by role).
+`StateCollector`: the current-state gauges from the plugin's published snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from colad import constants
+from colad.statefile import PluginState
+
+RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup")
+QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
+INPUT_PREFIX = "input."
+
+
+@dataclass
+class Peers:
+    """What the plugin knows of its neighbours: their pids and their latest counters."""
+
+    pids: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def update(self, role: str, pid: int, counters: Iterable[tuple[str, int]] | None = None) -> None:
+        with self.lock:
+            self.pids[role] = pid
+            if counters is not None:
+                self.counters[role] = dict(counters)
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        with self.lock:
+            return dict(self.pids), {k: dict(v) for k, v in self.counters.items()}
+
+
+# ProcessCollector's family names (after "process_") -> colad's per-role family (name, help, type).
+_PROCESS_FAMILIES = {
+    "cpu_seconds": ("colad_process_cpu_seconds", "CPU time of each colad process.", "counter"),
+    "resident_memory_bytes": ("colad_process_resident_memory_bytes", "Resident memory of each colad process.", "gauge"),
+    "virtual_memory_bytes": ("colad_process_virtual_memory_bytes", "Virtual memory of each colad process.", "gauge"),
+    "start_time_seconds": (
+        "colad_process_start_time_seconds", "Start time of each colad process (Unix time).", "gauge"
+    ),
+    "open_fds": ("colad_process_open_fds", "Open file descriptors of each colad process.", "gauge"),
+}
+
+
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
+
+
+class RoleProcesses:
+    """Each colad process' figures, read by prometheus_client's own ProcessCollector and labelled by role.
+
+    One unregistered ProcessCollector per pid (it reads the boot time once, when made);
+    a process that is gone yields nothing, as ProcessCollector does for itself.
+    """
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, ProcessCollector] = {}
+
+    def collect(self, pids: dict[str, int]) -> Iterator[Metric]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for key, (name, documentation, kind) in _PROCESS_FAMILIES.items():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            families[key] = family(name, documentation, labels=["role"])
+        wanted = set(pids.values())
+        self._by_pid = {pid: c for pid, c in self._by_pid.items() if pid in wanted}
+        for role, pid in sorted(pids.items()):
+            collector = self._by_pid.get(pid)
+            if collector is None:
+                collector = self._by_pid[pid] = ProcessCollector(pid=_constant(pid), registry=None)
+            for metric in collector.collect():
+                key = metric.name.removeprefix("process_").removesuffix("_total")
+                if key in families and metric.samples:
+                    families[key].add_metric([role], metric.samples[0].value)
+        yield from families.values()
+
+
+class PeerCollector:
+    """Exports the discovery and watcher counters and every colad process' /proc figures."""
+
+    def __init__(
+        self,
+        peers: Peers,
+        own: Callable[[], dict[str, int]],
+        own_inputs: Callable[[], dict[str, int]] = dict,
+    ) -> None:
+        self.peers = peers
+        self.own = own  # the plugin's own queue counters, by event
+        self.own_inputs = own_inputs  # the plugin's own input rejections, by reason
+        self.processes = RoleProcesses()
+
+    def collect(self) -> Iterator[Metric]:
+        pids, counters = self.peers.snapshot()
+        rescans = CounterMetricFamily(
+            "colad_discovery_rescans", "Device directory rescans by discovery, by reason.", labels=["reason"]
+        )
+        discovery = counters.get("discovery", {})
+        for reason in RESCAN_REASONS:
+            rescans.add_metric([reason], discovery.get(f"rescans.{reason}", 0))
+        yield rescans
+        queue = CounterMetricFamily(
+            "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
+        )
+        own = self.own()
+        for event in QUEUE_EVENTS:
+            queue.add_metric(["plugin", event], own.get(event, 0))
+        for role in ("discovery", "kubelet-watch"):
+            for event in ("sent", "dropped"):
+                queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))
+        yield queue
+        # Every "input.<reason>" counter a role sends (bad names, oversized snapshots, parse
+        # timeouts, unusable directories...): the names are checked label-safe by messages.py.
+        inputs = CounterMetricFamily(
+            "colad_input_rejected",
+            "Inputs a colad process refused or left alone (and went on), by process role and reason.",
+            labels=["role", "reason"],
+        )
+        for reason, value in sorted(self.own_inputs().items()):
+            inputs.add_metric(["plugin", reason], value)
+        for role in sorted(counters):
+            for name, value in sorted(counters[role].items()):
+                if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
+                    inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
+        yield inputs
+        yield from self.processes.collect({"plugin": os.getpid(), "supervisord": os.getppid(), **pids})
+
+
+class StateCollector:
+    """The current-state gauges of every resource, read from the plugin's published snapshot at scrape time.
+
+    client_python's idiom for state another component owns: nothing to keep in step,
+    and a resource a reload removed simply is not in the next snapshot.
+    """
+
+    def __init__(self, snapshot: Callable[[], PluginState]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        resources = self.snapshot().resources
+        devices = GaugeMetricFamily(
+            "colad_devices", "Devices advertised now, by resource and health.", labels=["resource", "health"]
+        )
+        streams = GaugeMetricFamily(
+            "colad_list_and_watch_streams", "Open ListAndWatch streams, by resource.", labels=["resource"]
+        )
+        registered = GaugeMetricFamily(
+            "colad_registered", "1 while the resource is registered with the kubelet, else 0.", labels=["resource"]
+        )
+        last = GaugeMetricFamily(
+            "colad_last_registration_timestamp_seconds",
+            "Unix time of the last successful Register, by resource.",
+            labels=["resource"],
+        )
+        size = GaugeMetricFamily(
+            "colad_list_and_watch_message_bytes",
+            "Encoded size of the latest device list for the kubelet, by resource.",
+            labels=["resource"],
+        )
+        dropped = GaugeMetricFamily(
+            "colad_list_and_watch_dropped_devices",
+            "Device IDs left out of the latest list to fit the kubelet's message limit, by resource.",
+            labels=["resource"],
+        )
+        for r in resources:
+            devices.add_metric([r.name, constants.HEALTHY], r.healthy)
+            devices.add_metric([r.name, constants.UNHEALTHY], r.unhealthy)
+            streams.add_metric([r.name], r.open_streams)
+            registered.add_metric([r.name], 1 if r.registered else 0)
+            if r.last_registered:
+                last.add_metric([r.name], r.last_registered)
+            size.add_metric([r.name], r.cut.size)
+            dropped.add_metric([r.name], r.cut.dropped)
+        yield from (devices, streams, registered, last, size, dropped)
