@@ -5,25 +5,25 @@ TICK_5); writes only the protocol's answers on stdout (logs go to stderr) and st
 supervisord's XML-RPC socket. Why in place, after a back-off (10 s doubling to 10 min), and not by
 making supervisord exit: the plugin stays registered with the last list while discovery or the watcher
 recovers, where a whole restart would withdraw every device of the node; a lasting fault costs one start
-per back-off, and /healthz and `colad status` name the role meanwhile.
+per back-off, and /healthz and `colad status` name the role meanwhile. It idles beside the roles for the
+node's whole life, so it imports little: XML-RPC (http.client, email, ssl: ~4 MiB) only when it starts one.
 """
 
 from __future__ import annotations
 
-import http.client
 import logging
 import os
 import signal
 import sys
 import time
-import xmlrpc.client
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from colad import log, proc
-from colad.config import Config
-from colad.status import supervisor_proxy
+
+if TYPE_CHECKING:
+    from colad.config import Config
 
 LOG = log.get(__name__)
 
@@ -165,6 +165,11 @@ class Shell:
             self.start(name)
 
     def start(self, name: str) -> None:
+        import http.client  # here: the rare path pays for XML-RPC, not the idle listener
+        import xmlrpc.client
+
+        from colad.status import supervisor_proxy
+
         try:
             supervisor_proxy(self.socket_path, RPC_TIMEOUT).supervisor.startProcess(name, False)
         except xmlrpc.client.Fault as exc:
