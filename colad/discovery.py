@@ -2,9 +2,9 @@
 
 Reads: every resource's device directory (inotify, plus a periodic safety
 rescan) and the content of its files (devicefile.py parses it; a file is read
-again only when its inode, size or times changed). Writes: a full
-DeviceSnapshot per resource to the plugin over the local queue whenever that
-resource's devices change, and again after every reconnect. Level-triggered:
+again only when its inode, size or times changed). Writes: per resource, what
+changed as a DeviceDelta (snapshots.py), a full DeviceSnapshot after every
+(re)connect, over the local queue to the plugin. Level-triggered:
 any event, an inotify queue overflow or the timer all mean "list the directory
 again, build a new set, compare". Reload (SIGHUP) adds and drops directories.
 Neighbours: plugin.py (the queue's owner).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import pyinotify
 
 from colad import config as config_mod
-from colad import devicefile, devices, log, messages, watch
+from colad import devicefile, devices, log, messages, snapshots, watch
 from colad.config import Config, Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.devices import Device
@@ -210,6 +210,8 @@ class ResourceWatch:
         self.resource = resource
         self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
         self.current: devices.DeviceSet | None = None
+        self.seq = 0  # the seq `current` was published with: the base of the next delta
+        self.digest: int | None = None  # messages.set_digest(current), from the first delta on
         self.present: bool | None = None
         self.warned: dict[str, str] = {}  # name -> the problem last logged for it
         self.cache: dict[str, _Cached] = {}
@@ -362,11 +364,15 @@ class Discovery(watch.WatcherLoop):
         if found == rw.current and present == rw.present:
             return
         previous = rw.current or devices.DeviceSet()
-        rw.current, rw.present = found, present
         seq = self.next_seq()
-        # Send first, log after: the log line is not on the path to the kubelet.
-        self.client.publish(messages.DeviceSnapshot(self.epoch, seq, found, present, rw.resource.name))
+        snapshot = messages.DeviceSnapshot(self.epoch, seq, found, present, rw.resource.name)
         change = devices.diff(previous, found)
+        delta = None
+        if rw.current is not None:
+            delta, rw.digest = snapshots.delta(previous, rw.digest, snapshot, rw.seq, change)
+        rw.current, rw.present, rw.seq = found, present, seq
+        # Send first, log after: the log line is not on the path to the kubelet.
+        self.client.publish(snapshot, delta=delta)
         LOG.info(
             "device set changed",
             resource=rw.resource.name,

@@ -1,7 +1,8 @@
 """The local queue: length-prefixed frames over an AF_UNIX stream socket in the run directory.
 
 The plugin process owns the listening socket (`QueueServer`); discovery and the
-kubelet watcher connect to it (`QueueClient`) and publish full snapshots.
+kubelet watcher connect to it (`QueueClient`) and publish snapshots, a resource's devices as
+deltas while the connection that carried their base lasts (snapshots.py).
 Why a stream and not SOCK_SEQPACKET: a snapshot of 10,000 devices (~0.8 MB)
 does not fit one datagram under the default socket buffer limit (wmem_max,
 ~208 KiB), so frames carry a 4-byte length and a hard size cap instead.
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from colad import log, messages
+from colad import log, messages, snapshots
 from colad.errors import MessageError, QueueError
 from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path, kind_of
 
@@ -80,6 +81,7 @@ class QueueServer:
         self.on_reject = on_reject
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({os.geteuid()})
         self.tracker = messages.SequenceTracker()
+        self.receiver = snapshots.Receiver()  # device deltas in, exact DeviceSnapshots out
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -184,6 +186,7 @@ class QueueServer:
         self._selector.unregister(conn.sock)
         conn.sock.close()
         self.tracker.forget_source(conn)
+        self.receiver.forget_source(conn)
         LOG.debug("queue peer gone", peer_pid=conn.peer.pid, reason=reason)
 
     def _read(self, conn: _Connection) -> None:
@@ -213,6 +216,18 @@ class QueueServer:
                 self._reject(conn, str(exc))
                 return
             if self.tracker.accept(message, conn):
+                if isinstance(message, messages.DeviceSnapshot | messages.DeviceDelta):
+                    outcome = self.receiver.apply(message, conn)
+                    if outcome.verdict is snapshots.Verdict.RESYNC:
+                        # The sender starts every connection with a full snapshot: dropping this one asks for it.
+                        LOG.info("queue resync", resource=message.resource, seq=message.seq, reason=outcome.reason)
+                        self.on_reject("resync")
+                        self._drop(conn, "resync")
+                        return
+                    if outcome.snapshot is None:
+                        self.on_reject("stale")
+                        continue
+                    message = outcome.snapshot
                 try:
                     self.on_message(message, conn.peer)
                 except Exception as exc:  # the callback's fault, not the peer's: name the message, keep the peer
@@ -251,7 +266,9 @@ class QueueClient:
         self.latest: dict[str, messages.Message] = {}
         self.unsent: set[str] = set()
         self.counters = {"queue.sent": 0, "queue.dropped": 0, "input.oversized_message": 0}
-        self._frames: dict[str, bytes] = {}  # encoded once, at publish
+        self._frames: dict[str, bytes | None] = {}  # encoded once, at publish (None: when a connection needs it)
+        self._deltas: dict[str, bytes] = {}  # a delta frame to send instead of the full one, on this connection
+        self._sent_at: dict[str, tuple[int, int]] = {}  # (epoch, seq) of each stream's last send on this connection
         self._retry_at = 0.0
         self._retry_delay = 0.05
         self._expected_uid = os.geteuid()
@@ -263,14 +280,26 @@ class QueueClient:
     def fileno(self) -> int | None:
         return self.sock.fileno() if self.sock else None
 
-    def publish(self, message: messages.Message) -> None:
+    def publish(self, message: messages.Message, *, delta: messages.DeviceDelta | None = None) -> None:
+        """Send `message` now if connected, else after the next connect; it supersedes its stream's last.
+
+        With `delta` (the change from this stream's previous message to `message`),
+        the delta goes out instead when the current connection carried its base;
+        `message` itself is then encoded only when a new connection needs it.
+        """
         key = message.key  # one stream per key: each resource's snapshots, each role's stats
+        encoded: bytes | None = None
         try:
-            encoded = frame(message)  # refuse here what can never be framed, or it would fail every later flush()
+            if delta is not None and self.sock is not None and self._sent_at.get(key) == (delta.epoch, delta.base):
+                self._deltas[key] = frame(delta)
+            elif delta is None:
+                encoded = frame(message)  # refuse here what can never be framed, or it would fail every later flush()
         except messages.MessageError as exc:
-            LOG.warning("queue message not sent: it cannot be framed", key=key, reason=str(exc))
-            self.counters["input.oversized_message"] += 1
-            return
+            if delta is None:
+                LOG.warning("queue message not sent: it cannot be framed", key=key, reason=str(exc))
+                self.counters["input.oversized_message"] += 1
+                return
+            # A delta over the frame limit: the full snapshot goes instead.
         if key in self.unsent and message.type != "stats":
             self.counters["queue.dropped"] += 1  # superseded before it could be sent
         self.latest[key] = message
@@ -278,10 +307,27 @@ class QueueClient:
         self.unsent.add(key)
         self.flush()
 
+    def _frame_of(self, key: str) -> bytes | None:
+        """The frame that brings the current connection up to the stream's latest message."""
+        delta = self._deltas.pop(key, None)
+        if delta is not None:
+            return delta
+        encoded = self._frames.get(key)
+        if encoded is None:
+            try:
+                encoded = self._frames[key] = frame(self.latest[key])
+            except messages.MessageError as exc:  # the sender fits its snapshots; never poison later flushes
+                LOG.warning("queue message not sent: it cannot be framed", key=key, reason=str(exc))
+                self.counters["input.oversized_message"] += 1
+                self.withdraw(key)
+        return encoded
+
     def withdraw(self, key: str) -> None:
         """Stop (re)sending the stream `key`: its subject is gone (a resource removed by a reload)."""
         self.latest.pop(key, None)
         self._frames.pop(key, None)
+        self._deltas.pop(key, None)
+        self._sent_at.pop(key, None)
         self.unsent.discard(key)
 
     def next_retry(self) -> float | None:
@@ -301,14 +347,18 @@ class QueueClient:
         assert self.sock is not None
         for key in sorted(self.unsent):
             message = self.latest[key]
+            encoded = self._frame_of(key)
+            if encoded is None:
+                continue
             try:
-                self.sock.sendall(self._frames[key])
+                self.sock.sendall(encoded)
             except OSError as exc:  # includes socket.timeout
                 LOG.warning("queue send failed", path=self.path, error=exc)
                 self.close()
                 self._retry_at = now
                 return False
             self.unsent.discard(key)
+            self._sent_at[key] = (message.epoch, message.seq)
             if message.type != "stats":  # counting our own reports would make them never settle
                 self.counters["queue.sent"] += 1
         return True
@@ -361,6 +411,9 @@ class QueueClient:
             self._retry_delay = 0.05
 
     def close(self) -> None:
+        # Whatever the next connection reaches, it starts from full snapshots.
+        self._deltas.clear()
+        self._sent_at.clear()
         if self.sock is not None:
             self.sock.close()
             self.sock = None

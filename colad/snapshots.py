@@ -1,0 +1,159 @@
+"""Device sets over the queue as full snapshots and deltas: the sender's delta, the receiver's exact set.
+
+Pure: no I/O, clock or logging. Discovery builds a DeviceDelta with `delta()`;
+the queue server feeds every DeviceSnapshot and DeviceDelta to a `Receiver`,
+which answers with the exact set now held, "stale" (a duplicate or replay) or
+"resync" (a gap, an unknown base, a digest mismatch): the server then drops that
+connection, and the sender starts the next one with a full snapshot.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass
+
+from colad.devices import Device, DeviceDiff, DeviceSet, diff
+from colad.messages import DeviceDelta, DeviceSnapshot, moved_digest, set_digest
+
+# Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
+_REBUILD_AT = 64
+
+
+def delta(
+    old: DeviceSet, old_digest: int | None, new: DeviceSnapshot, base: int, change: DeviceDiff | None = None
+) -> tuple[DeviceDelta | None, int]:
+    """The delta from `old` (sent at seq `base`) to `new`, and the digest of `new`.
+
+    `old_digest` is set_digest(old), computed here when None (the first change);
+    `change` is diff(old, new.devices) when the caller has it. The delta is None
+    when it would carry as much as a full snapshot: the caller then sends `new` whole.
+    """
+    change = diff(old, new.devices) if change is None else change
+    came = [new.devices.by_id[i] for i in sorted((*change.added, *change.changed))]  # decode()'s order
+    gone = [old.by_id[i] for i in (*change.removed, *change.changed)]
+    digest = moved_digest(set_digest(old) if old_digest is None else old_digest, gone, came)
+    if len(came) + len(change.removed) >= max(len(new.devices), 1):
+        return None, digest
+    found = DeviceDelta(new.epoch, new.seq, base, tuple(came), change.removed, digest, new.dir_present, new.resource)
+    return found, digest
+
+
+class Verdict(enum.Enum):
+    APPLIED = "applied"  # `snapshot` is the exact set the sender held at that (epoch, seq)
+    STALE = "stale"  # a duplicate or a replay: nothing changes
+    RESYNC = "resync"  # cannot be applied: the sender must send a full snapshot
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    snapshot: DeviceSnapshot | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Held:
+    """One resource's stream as the receiver holds it."""
+
+    snapshot: DeviceSnapshot
+    ids: tuple[str, ...]  # snapshot.devices' IDs, in order, for bisect
+    digest: int | None  # set_digest(snapshot.devices), computed when the first delta needs it
+    source: object  # the connection that delivered it
+    synced: bool = True  # False after a resync request: deltas wait for the next full snapshot
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.snapshot.epoch, self.snapshot.seq
+
+
+def apply_full(held: Held | None, message: DeviceSnapshot, source: object) -> tuple[Held | None, Outcome]:
+    """A full snapshot replaces whatever is held unless it is not newer than it."""
+    if held is not None and (message.epoch, message.seq) <= held.position:
+        return held, Outcome(Verdict.STALE, reason="not newer than the set held")
+    return Held(message, message.devices.ids, None, source), Outcome(Verdict.APPLIED, message)
+
+
+def apply_delta(held: Held | None, message: DeviceDelta, source: object) -> tuple[Held | None, Outcome]:
+    """A delta applies to exactly the set it names as its base, and must land on its digest."""
+    if held is not None and (message.epoch, message.seq) <= held.position:
+        return held, Outcome(Verdict.STALE, reason="not newer than the set held")
+    if held is None or not held.synced:
+        return held, Outcome(Verdict.RESYNC, reason="no base set held")
+    if (message.epoch, message.base) != held.position:
+        return _unsynced(held), Outcome(Verdict.RESYNC, reason=f"gap: base {message.base}, held {held.snapshot.seq}")
+    found = _moved(held, message)
+    if isinstance(found, str):
+        return _unsynced(held), Outcome(Verdict.RESYNC, reason=found)
+    devices, ids, gone = found
+    base_digest = held.digest if held.digest is not None else set_digest(held.snapshot.devices)
+    digest = moved_digest(base_digest, gone, message.upserts)
+    if digest != message.digest:
+        return _unsynced(held), Outcome(Verdict.RESYNC, reason="digest mismatch")
+    snapshot = DeviceSnapshot(
+        message.epoch, message.seq, DeviceSet(tuple(devices)), message.dir_present, message.resource
+    )
+    return Held(snapshot, tuple(ids), digest, source), Outcome(Verdict.APPLIED, snapshot)
+
+
+def _moved(held: Held, message: DeviceDelta) -> tuple[list[Device], list[str], list[Device]] | str:
+    """The held devices and IDs with `message` applied, and the devices it replaced; or why it cannot apply."""
+    devices, ids = list(held.snapshot.devices), list(held.ids)
+    gone: list[Device] = []
+    if len(message.removes) + len(message.upserts) > _REBUILD_AT:
+        by_id = dict(zip(ids, devices, strict=True))
+        for device_id in message.removes:
+            if device_id not in by_id:
+                return f"removed device {device_id} not held"
+            gone.append(by_id.pop(device_id))
+        for device in message.upserts:
+            if device.device_id in by_id:
+                gone.append(by_id[device.device_id])
+            by_id[device.device_id] = device
+        ids = sorted(by_id)
+        return [by_id[i] for i in ids], ids, gone
+    # A few changes: copy the sorted lists (C speed) and move only the changed entries.
+    for device_id in message.removes:
+        at = bisect.bisect_left(ids, device_id)
+        if at == len(ids) or ids[at] != device_id:
+            return f"removed device {device_id} not held"
+        gone.append(devices[at])
+        del devices[at], ids[at]
+    for device in message.upserts:
+        at = bisect.bisect_left(ids, device.device_id)
+        if at < len(ids) and ids[at] == device.device_id:
+            gone.append(devices[at])
+            devices[at] = device
+        else:
+            devices.insert(at, device)
+            ids.insert(at, device.device_id)
+    return devices, ids, gone
+
+
+def _unsynced(held: Held) -> Held:
+    return Held(held.snapshot, held.ids, held.digest, held.source, synced=False)
+
+
+class Receiver:
+    """Every resource's stream as the plugin's queue server holds it: feed it each device message in turn."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Held] = {}
+
+    def apply(self, message: DeviceSnapshot | DeviceDelta, source: object = None) -> Outcome:
+        held = self.held.get(message.key)
+        if isinstance(message, DeviceSnapshot):
+            after, outcome = apply_full(held, message, source)
+        else:
+            after, outcome = apply_delta(held, message, source)
+        if after is not None:
+            self.held[message.key] = after
+        return outcome
+
+    def forget_source(self, source: object) -> None:
+        """Forget every stream last delivered by `source` (a closed connection): its sender starts afresh."""
+        for key in [k for k, h in self.held.items() if h.source is source]:
+            del self.held[key]
+
+    def forget(self, key: str) -> None:
+        self.held.pop(key, None)
