@@ -1,0 +1,127 @@
+"""Node Feature Discovery feature file: node labels for colad's resources without API credentials.
+
+render() is pure: per resource, `<name>.present`, `.devices` and `.healthy` (physical devices,
+replicas folded), in NFD's local-source format (`name=value` lines, `# +expiry-time=` directive).
+FeatureFileWriter is the thin shell: write a hidden temporary (NFD skips dotfiles) and rename it
+over features.d/colad, only when the bytes change. NFD turns an unprefixed name into
+feature.node.kubernetes.io/<name>.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from colad.devices import DeviceSet, base_id
+
+DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/colad"
+MAX_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
+# k8s.io/apimachinery IsQualifiedName: the name part of a label key, and a label value.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
+SUFFIXES = ("present", "devices", "healthy")
+
+
+@dataclass(frozen=True)
+class Counts:
+    devices: int  # physical devices (a device advertised as N replicas counts once)
+    healthy: int
+
+    @staticmethod
+    def of(devices: DeviceSet) -> Counts:
+        health: dict[str, bool] = {}
+        for d in devices:
+            physical = base_id(d.device_id)
+            health[physical] = health.get(physical, True) and d.healthy
+        return Counts(len(health), sum(health.values()))
+
+
+def label_base(resource_name: str, prefix: str = "") -> str:
+    """`myway5.com/cola` -> `myway5.com-cola` (NFD adds its own prefix), or `<prefix>/cola`."""
+    domain, _, name = resource_name.partition("/")
+    return f"{prefix}/{name}" if prefix else f"{domain}-{name}"
+
+
+def label_problem(resource_name: str, prefix: str = "") -> str | None:
+    """Why a resource's labels would not be valid Kubernetes label keys, or None."""
+    if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+        return f"NFD label prefix {prefix!r} is not a lower-case DNS subdomain"
+    name = label_base(resource_name, prefix).rpartition("/")[2] + "." + max(SUFFIXES, key=len)
+    if len(name) > 63 or not _LABEL_NAME.match(name):
+        return f"NFD label name {name!r} is not 1-63 characters of A-Z a-z 0-9 - _ ."
+    return None
+
+
+def render(resources: Iterable[tuple[str, DeviceSet]], prefix: str = "", expires: str = "") -> bytes:
+    """The feature file for `resources` (name, advertised set); `expires` an RFC 3339 time or "".
+
+    A resource whose labels would be invalid is left out (the caller refuses it at config load).
+    With `expires`, NFD drops the labels after that time unless colad rewrites the file: a node
+    whose colad died for good does not keep claiming devices.
+    """
+    lines = ["# Written by colad: presence and healthy counts of its resources. Do not edit."]
+    if expires:
+        lines.append(f"# +expiry-time={expires}")
+    for resource_name, devices in sorted(resources, key=lambda r: r[0]):
+        if label_problem(resource_name, prefix) is not None:
+            continue
+        base = label_base(resource_name, prefix)
+        counts = Counts.of(devices)
+        lines += [
+            f"{base}.present={'true' if counts.devices else 'false'}",
+            f"{base}.devices={counts.devices}",
+            f"{base}.healthy={counts.healthy}",
+        ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def parse(data: bytes) -> dict[str, str]:
+    """The labels NFD's local source reads from `data` (its parseFeatureFile, without expiry)."""
+    labels = {}
+    for raw in data.decode("utf-8", "replace").split("\n"):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        labels[key] = value if sep else "true"
+    return labels
+
+
+class FeatureFileWriter:
+    """Writes the feature file atomically, only when its bytes change; removes it on request."""
+
+    def __init__(self, path: str = DEFAULT_PATH) -> None:
+        self.path = path
+        self._written: bytes | None = None
+
+    def write(self, data: bytes) -> bool:
+        """True if the file changed. Raises OSError (the caller logs once and retries on rescan)."""
+        if data == self._written and os.path.exists(self.path):
+            return False
+        directory, name = os.path.split(self.path)
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), 0o644)
+            os.rename(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self._written = data
+        return True
+
+    def remove(self) -> bool:
+        self._written = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        return True
