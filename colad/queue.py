@@ -75,13 +75,14 @@ class QueueServer:
         *,
         allowed_uids: frozenset[int] | None = None,
         on_reject: Callable[[str], None] = lambda reason: None,
+        receiver: snapshots.Receiver | None = None,
     ) -> None:
         self.path = path
         self.on_message = on_message
         self.on_reject = on_reject
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({os.geteuid()})
         self.tracker = messages.SequenceTracker()
-        self.receiver = snapshots.Receiver()  # device deltas in, exact DeviceSnapshots out
+        self.receiver = receiver or snapshots.Receiver()  # device deltas in, exact DeviceSnapshots out
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
