@@ -11,7 +11,7 @@ import time
 
 from google.protobuf.message import DecodeError
 
-from colad import allocation, devicefile, messages
+from colad import allocation, devicefile, messages, snapshots
 from colad.api import deviceplugin_pb2 as pb
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
@@ -20,12 +20,23 @@ DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta",
 
 
 def messages_target(data: bytes) -> None:
-    """Queue frames: decode raises MessageError or yields a message that round-trips."""
+    """Queue frames: decode raises MessageError or yields a message that round-trips.
+
+    A delta is also applied to a receiver holding DEVICES at its base: it never
+    raises, and whatever it applies lands exactly on the delta's digest.
+    """
     try:
         message = messages.decode(data)
     except MessageError:
         return
     assert messages.decode(messages.encode(message)) == message
+    if isinstance(message, messages.DeviceDelta):
+        receiver = snapshots.Receiver()
+        receiver.apply(messages.DeviceSnapshot(message.epoch, message.base, DEVICES, resource=message.resource))
+        outcome = receiver.apply(message)
+        if outcome.snapshot is not None:
+            assert messages.set_digest(outcome.snapshot.devices) == message.digest
+            assert outcome.snapshot.devices == DeviceSet.of(outcome.snapshot.devices)
 
 
 def requests_target(data: bytes) -> None:

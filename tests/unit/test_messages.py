@@ -14,12 +14,18 @@ from colad.errors import ColadError, MessageError
 from colad.messages import (
     MAX_MESSAGE_BYTES,
     WIRE_VERSION,
+    DeviceDelta,
     DeviceSnapshot,
     KubeletState,
     Message,
     SequenceTracker,
     decode,
+    device_entry,
+    device_wire_size,
     encode,
+    moved_digest,
+    set_digest,
+    snapshot_size,
 )
 
 pytestmark = pytest.mark.unit
@@ -38,6 +44,8 @@ ROUND_TRIPS = [
         id="kubelet-plugin-sockets",
     ),
     pytest.param(KubeletState(5, 4, 'caf\u00e9 "quoted"\n', ("\u2603",)), id="kubelet-non-ascii-strings"),
+    pytest.param(DeviceDelta(1, 2, 1), id="delta-empty"),
+    pytest.param(DeviceDelta(1, 9, 8, (Device("cola3", UNHEALTHY),), ("cola1", "cola2"), 2**64 - 1), id="delta"),
 ]
 
 
@@ -468,3 +476,93 @@ def test_snapshots_of_two_resources_are_two_streams() -> None:
     assert tracker.accept(DeviceSnapshot(5, 9, DeviceSet(), resource="example.com/a"))
     assert tracker.accept(DeviceSnapshot(5, 3, DeviceSet(), resource="example.com/b"))
     assert not tracker.accept(DeviceSnapshot(5, 2, DeviceSet(), resource="example.com/b"))
+
+
+# --- deltas and the set digest (#14) ---------------------------------------------------------
+
+A_DELTA = DeviceDelta(
+    3, 9, 4, (Device("cola4"), Device("cola5", numa_nodes=(1,))), ("cola1",), 0x0123456789ABCDEF, False, "x.io/y"
+)
+
+
+def test_delta_wire_format() -> None:
+    body = json.loads(encode(A_DELTA))
+    assert body == {
+        "v": WIRE_VERSION,
+        "type": "device_delta",
+        "epoch": 3,
+        "seq": 9,
+        "base": 4,
+        "resource": "x.io/y",
+        "dir_present": False,
+        "upsert": [["cola4", HEALTHY], {"id": "cola5", "numa_nodes": [1]}],
+        "remove": ["cola1"],
+        "digest": "0123456789abcdef",
+    }
+    assert decode(encode(A_DELTA)) == A_DELTA
+    assert A_DELTA.key == DeviceSnapshot(0, 0, DeviceSet(), resource="x.io/y").key  # one stream per resource
+
+
+def _delta_body(**changes: Any) -> bytes:
+    body = json.loads(encode(A_DELTA))
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        pytest.param(_delta_body(base=9), "base", id="base-not-before-seq"),
+        pytest.param(_delta_body(base=-1), "base", id="negative-base"),
+        pytest.param(_delta_body(base=True), "base", id="bool-base"),
+        pytest.param(_delta_body(digest="0123456789ABCDEF"), "digest", id="uppercase-digest"),
+        pytest.param(_delta_body(digest=12), "digest", id="digest-not-a-string"),
+        pytest.param(_delta_body(digest="0" * 17), "digest", id="digest-too-long"),
+        pytest.param(_delta_body(remove=["cola1", "cola1"]), "removed twice", id="remove-twice"),
+        pytest.param(_delta_body(remove=["cola4"]), "both removed and upserted", id="remove-and-upsert"),
+        pytest.param(_delta_body(remove=["cola::1"]), "invalid removed device ID", id="remove-replica-id"),
+        pytest.param(_delta_body(remove=[7]), "invalid removed device ID", id="remove-not-a-string"),
+        pytest.param(_delta_body(upsert=[["a", HEALTHY], ["a", HEALTHY]]), "duplicate", id="upsert-twice"),
+        pytest.param(_delta_body(upsert=[["a", "Sick"]]), "invalid device entry", id="upsert-bad-health"),
+        pytest.param(_delta_body(resource="no-slash"), "resource", id="bad-resource"),
+    ],
+)
+def test_decode_rejects_bad_deltas(data: bytes, fragment: str) -> None:
+    with pytest.raises(MessageError, match=fragment):
+        decode(data)
+
+
+DIGEST_DEVICES = [
+    Device("a"),
+    Device("a", UNHEALTHY),
+    Device("b", numa_nodes=(0, 3)),
+    Device("c", envs=(("MODE", "caf\u00e9"),)),
+    Device("d", UNHEALTHY, problem="bad \udcff name"),
+]
+
+
+@pytest.mark.parametrize("device", DIGEST_DEVICES, ids=lambda d: f"{d.device_id}-{d.health}")
+def test_device_entry_is_the_exact_encoded_entry(device: Device) -> None:
+    body = encode(DeviceSnapshot(1, 1, DeviceSet.of([device])))
+    assert device_entry(device) in body
+    assert len(device_entry(device)) == device_wire_size(device)
+    assert len(body) == snapshot_size(DeviceSnapshot(1, 1, DeviceSet.of([device])))
+
+
+def test_digest_follows_every_change_incrementally() -> None:
+    rng = random.Random(14)
+    held: dict[str, Device] = {}
+    digest = set_digest([])
+    for _ in range(500):
+        device = rng.choice(DIGEST_DEVICES)
+        device = Device(f"{device.device_id}{rng.randrange(8)}", device.health, device.numa_nodes, envs=device.envs)
+        old = held.get(device.device_id)
+        if old is not None and rng.random() < 0.3:
+            del held[device.device_id]
+            digest = moved_digest(digest, [old], [])
+        else:
+            held[device.device_id] = device
+            digest = moved_digest(digest, [old] if old else [], [device])
+        assert digest == set_digest(held.values())
+    assert set_digest([Device("a")]) != set_digest([Device("a", UNHEALTHY)])
+    assert set_digest([Device("a"), Device("b")]) == set_digest([Device("b"), Device("a")])
