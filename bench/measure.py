@@ -11,10 +11,12 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from bench import procstat
 from bench.subjects import Subject, settle
 from colad.api import deviceplugin_pb2 as pb
+from tests.fakes.kubelet import ListAndWatchUpdate
 
 
 def ms(seconds: float) -> float:
@@ -228,24 +230,54 @@ def burst(subject: Subject, count: int, prefix: str) -> dict[str, float]:
     }
 
 
-def scale(subject: Subject, count: int, more: int, gap: float) -> dict[str, object]:
-    """Start over `count` files; then `more` single changes once settled."""
-    names = {f"cola-{i:05d}" for i in range(count)}
-    subject.create(*names)
+def unburst(subject: Subject, count: int, prefix: str) -> None:
+    """Remove what burst() created and wait until the kubelet's list has none of it (not measured)."""
+    names = [f"{prefix}-{i:05d}" for i in range(count)]
+    since = len(subject.kubelet.updates)
+    subject.unlink(*names)
+    gone = set(names)
+    subject.update_after(since, lambda u: not gone & u.devices.keys(), timeout=120, interval=0.01)
+
+
+def listed(subject: Subject, names: set[str], timeout: float, quiet: float) -> tuple[ListAndWatchUpdate | None, int]:
+    """The first message holding all of `names`, or None once no message came for `quiet` seconds
+    (a list cut short stays short); and the most of `names` any message held."""
+    deadline = time.monotonic() + timeout
+    most = seen = 0
+    while time.monotonic() < deadline:
+        updates = subject.kubelet.updates
+        for update in updates[seen:]:
+            held = len(names & update.devices.keys())
+            if held == len(names):
+                return update, held
+            most = max(most, held)
+        seen = len(updates)
+        if updates and time.monotonic() - updates[-1].at > quiet:
+            break
+        time.sleep(0.05)
+    return None, most
+
+
+def scale(subject: Subject, names: set[str], more: int, gap: float, timeout: float = 120.0) -> dict[str, Any]:
+    """Start over the files `names` (already in the device directory); then `more` single changes."""
     subject.kubelet.start()
     started = time.monotonic()
     subject.plugin.start(subject.root)
     registration = subject.registered(timeout=60)
-    full = subject.full_list_after(0, names, timeout=120)
+    full, most = listed(subject, names, timeout, quiet=15.0)
     subject.plugin.wait_ready()
-    settle(2.0)
-    mem = memory(subject)
-    one_more = changes([subject], more, "more", gap)[subject.name]
-    return {
-        "devices": count,
+    figures: dict[str, Any] = {
+        "devices": len(names),
         "registered_ms": ms(registration.answered_at - started),
-        "full_list_ms": ms(full.at - started),
-        "message_bytes": full.size_bytes,
-        "one_more_change": summary(one_more),
-        "memory": mem,
+        "full_list_ms": ms(full.at - started) if full else None,
+        "listed": most,
+        "message_bytes": max((u.size_bytes for u in subject.kubelet.updates), default=0),
     }
+    settle(2.0)
+    figures["memory"] = memory(subject)
+    if full is None:  # a change to a list that is cut short may never show
+        return figures
+    before = cpu([subject])
+    one_more = changes([subject], more, "more", gap)[subject.name]
+    spent = cpu_per_operation(before, cpu([subject]), more)[subject.name]
+    return {**figures, "one_more_change": summary(one_more), "cpu_ms_per_change": spent}

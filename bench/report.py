@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench import scale
 from bench.budgets import Verdict, summary_line
 
 Row = tuple[str, float | None, float | None]
@@ -43,22 +44,25 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("memory, 10 devices: total RSS, MiB", "memory.total.rss_mib"),
     ("memory, 10 devices: total PSS, MiB", "memory.total.pss_mib"),
     ("memory, 10 devices: alone (pages once), MiB", "memory.total.alone_mib"),
-    ("10,000 devices: start -> Register, ms", "scale.registered_ms"),
-    ("10,000 devices: start -> full list, ms", "scale.full_list_ms"),
-    ("10,000 devices: ListAndWatch message, KiB", "scale.message_kib"),
-    ("10,000 devices: one more change p50, ms", "scale.one_more_change.p50_ms"),
-    ("10,000 devices: one more change max, ms", "scale.one_more_change.max_ms"),
-    ("10,000 devices: total RSS, MiB", "scale.memory.total.rss_mib"),
-    ("10,000 devices: total PSS, MiB", "scale.memory.total.pss_mib"),
-    ("10,000 devices: alone (pages once), MiB", "scale.memory.total.alone_mib"),
-    ("10,000-file burst: files created in, ms", "burst.create_ms"),
-    ("10,000-file burst: settled at kubelet, ms", "burst.settled_ms"),
-    ("10,000-file burst: ListAndWatch messages", "burst.messages"),
+    ("10,000 devices: start -> Register, ms", "scale.10000.registered_ms"),
+    ("10,000 devices: start -> full list, ms", "scale.10000.full_list_ms"),
+    ("10,000 devices: ListAndWatch message, KiB", "scale.10000.message_kib"),
+    ("10,000 devices: one more change p50, ms", "scale.10000.one_more_change.p50_ms"),
+    ("10,000 devices: one more change max, ms", "scale.10000.one_more_change.max_ms"),
+    ("10,000 devices: CPU per change, ms", "scale.10000.cpu_ms_per_change.total"),
+    ("10,000 devices: total RSS, MiB", "scale.10000.memory.total.rss_mib"),
+    ("10,000 devices: total PSS, MiB", "scale.10000.memory.total.pss_mib"),
+    ("10,000 devices: alone (pages once), MiB", "scale.10000.memory.total.alone_mib"),
+    ("10,000-file burst: files created in, ms (median)", "burst.create_ms"),
+    ("10,000-file burst: settled at kubelet, ms (median)", "burst.settled_ms"),
+    ("10,000-file burst: settled, fastest run, ms", "burst.settled_min_ms"),
+    ("10,000-file burst: settled, slowest run, ms", "burst.settled_max_ms"),
+    ("10,000-file burst: ListAndWatch messages (median)", "burst.messages"),
     ("CPU per change, all processes, ms", "cpu_ms.change.total"),
     ("CPU per Allocate, sequential, ms", "cpu_ms.allocate_sequential.total"),
     ("CPU per Allocate, 16 callers, ms", "cpu_ms.allocate_concurrent.total"),
     ("CPU per re-registration, ms", "cpu_ms.reregistration.total"),
-    ("CPU per 10,000-file burst, ms", "cpu_ms.burst.total"),
+    ("CPU per 10,000-file burst, ms (median)", "cpu_ms.burst.total"),
     ("idle: CPU seconds per minute, all processes", "idle_total.cpu_s_per_min"),
     ("idle: wake-ups per minute, all processes", "idle_total.wakeups_per_min"),
     ("idle: wake-ups per minute, busiest process", "idle_total.busiest_wakeups_per_min"),
@@ -75,19 +79,33 @@ def rows(results: dict[str, Any]) -> list[Row]:
     return [(label, _get(results["colad"], path), _get(results["baseline"], path)) for label, path in FIGURES]
 
 
+def burst_runs(results: dict[str, Any]) -> str:
+    """Each burst's settled time, in the order run, so the spread behind the median shows."""
+    parts = []
+    for subject in ("colad", "baseline"):
+        runs = results[subject].get("burst", {}).get("runs", [])
+        parts.append(f"{subject} " + " / ".join(f"{run['settled_ms']:g}" for run in runs))
+    return "burst runs, settled ms: " + "; ".join(parts)
+
+
 def _cell(value: float | None, width: int) -> str:
     return f"{'-' if value is None else f'{value:g}':>{width}}"
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{'figure':<46}{'colad':>11}{'baseline':>11}{'ratio':>8}"]
+    lines = [f"{'figure':<52}{'colad':>11}{'baseline':>11}{'ratio':>8}"]
     for label, mine, theirs in rows(results):
-        lines.append(f"{label:<46}{_cell(mine, 11)}{_cell(theirs, 11)}{_cell(ratio(mine, theirs), 8)}")
+        lines.append(f"{label:<52}{_cell(mine, 11)}{_cell(theirs, 11)}{_cell(ratio(mine, theirs), 8)}")
+    lines.append(burst_runs(results))
     return "\n".join(lines)
 
 
 def memory_table(results: dict[str, Any]) -> str:
-    columns = (("memory", "10 devices"), ("scale.memory", "10,000 devices"), ("memory_after_burst", "after burst"))
+    columns = (
+        ("memory", "10 devices"),
+        ("scale.10000.memory", "10,000 devices"),
+        ("memory_after_burst", "after burst"),
+    )
     kinds = ("rss_mib", "pss_mib", "uss_mib")
     header = f"{'memory, MiB':<26}" + "".join(f"{title:>24}" for _, title in columns)
     lines = [header, f"{'':<26}" + f"{'RSS':>8}{'PSS':>8}{'USS':>8}" * len(columns)]
@@ -136,7 +154,8 @@ def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:
         f"colad bench {meta['date']}, {meta['cpus']} CPUs, Linux {meta['kernel']}, bench ran {meta['runtime_s']:g} s; "
         f"machine {meta['machine_busy_pct_before']:g}% busy before, {meta['machine_busy_pct_during']:g}% during\n"
         f"both plugins on Python {meta['python']}, grpcio {meta['grpcio']}, protobuf {meta['protobuf']}, "
-        f"supervisor {meta['supervisor']}"
+        f"supervisor {meta['supervisor']}; {meta['interpreter']}"
     )
-    sections = [head, table(results), memory_table(results), cpu_table(results), idle_table(results)]
+    sections = [head, table(results), scale.table(results), memory_table(results), cpu_table(results)]
+    sections.append(idle_table(results))
     return "\n\n".join(sections + [budgets(verdicts)])

@@ -3,10 +3,11 @@
 Starts the real `colad supervise` (supervisord + three processes + the local
 queue) and bench/baseline_plugin.py, each against its own fake kubelet from
 tests/fakes, and measures both: cold start, Allocate latency, change
-propagation, re-registration, memory, 10,000 devices, a burst, idle cost.
-Prints a table with colad / baseline ratios and a PASS/FAIL line per budget
-(bench/budgets.py); exits 0 whatever the verdicts. --json PATH also writes the
-results. Progress goes to stderr. See docs/PERFORMANCE.md.
+propagation, re-registration, memory, three bursts, idle cost, and the scale table
+(bench/scale.py), both run as installed (bench/installed.py). Prints a table with
+colad / baseline ratios and a PASS/FAIL line per budget (bench/budgets.py); exits
+0 whatever the verdicts. --json PATH also writes the results. Progress goes to
+stderr. See docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import budgets, measure, procstat, report
+from bench import budgets, installed, measure, procstat, report, scale
 from bench.subjects import REPO, Baseline, Colad, Subject, settle
 
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch", "plugin": "colad.plugin"}
@@ -113,31 +115,43 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
         progress(f"idle: {args.idle:g} s, both plugins at once")
         for name, costs in measure.idle(subjects, args.idle).items():
             results[name]["idle"] = costs
+        runs: dict[str, list[dict[str, float]]] = {s.name: [] for s in subjects}
+        for r in range(args.bursts):
+            for s in subjects if r % 2 == 0 else reversed(subjects):
+                progress(f"{s.name}: {args.burst}-file burst {r + 1} of {args.bursts}")
+                before = measure.cpu([s])
+                figures = measure.burst(s, args.burst, "burst")
+                figures["cpu_ms"] = measure.cpu_per_operation(before, measure.cpu([s]), 1)[s.name]
+                runs[s.name].append(figures)
+                settle(2.0)
+                if r < args.bursts - 1:
+                    measure.unburst(s, args.burst, "burst")
+                    settle(1.0)
+                else:  # the last burst stays: memory with its files listed
+                    results[s.name]["memory_after_burst"] = measure.memory(s)
         for s in subjects:
-            progress(f"{s.name}: {args.burst}-file burst")
-
-            def burst(s: Subject = s) -> None:
-                results[s.name]["burst"] = measure.burst(s, args.burst, "burst")
-
-            CpuMeter([s], results).measure("burst", 1, burst)
-            settle(2.0)
-            results[s.name]["memory_after_burst"] = measure.memory(s)
+            results[s.name]["burst"] = burst_summary(runs[s.name])
+            per_run = [run["cpu_ms"] for run in runs[s.name]]
+            results[s.name].setdefault("cpu_ms", {})["burst"] = {
+                proc: statistics.median(cpu[proc] for cpu in per_run) for proc in per_run[0]
+            }
     finally:
         for s in subjects:
             s.close()
 
 
-def phase_scale(base: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """Each plugin alone, started over `args.scale` device files."""
-    for plugin in (Colad(args.python), Baseline(args.python)):
-        subject = Subject(plugin, base / f"{plugin.name}-scale")
-        progress(f"{subject.name}: start over {args.scale} devices")
-        try:
-            figures = measure.scale(subject, args.scale, args.more, args.gap)
-        finally:
-            subject.close()
-        figures["message_kib"] = round(figures["message_bytes"] / 1024, 1)
-        results[subject.name]["scale"] = figures
+def burst_summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """Median of the runs, with the spread (min, max) of the settled time; each run kept."""
+    settled = [run["settled_ms"] for run in runs]
+    return {
+        "runs": runs,
+        "files": runs[0]["files"],
+        "create_ms": statistics.median(run["create_ms"] for run in runs),
+        "settled_ms": statistics.median(settled),
+        "settled_min_ms": min(settled),
+        "settled_max_ms": max(settled),
+        "messages": statistics.median(run["messages"] for run in runs),
+    }
 
 
 def idle_totals(figures: dict[str, Any]) -> dict[str, float]:
@@ -166,16 +180,22 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="colad-bench-", dir="/tmp") as tmp:
         base = Path(tmp)
         base.chmod(0o755)
+        asked = args.python
+        args.python, how = installed.prepare(asked, base)
+        progress(f"subjects run on {asked}, {how}")
         phase_small(base, args, results)
-        phase_scale(base, args, results)
-    results["imports"] = role_imports(args.python)
+        scale.phase(base, args, results, progress)
+        results["imports"] = role_imports(args.python)
+        versions = runtime(args.python, shown=asked)
+        args.python = asked
     for name in ("colad", "baseline"):
         results[name]["idle_total"] = idle_totals(results[name])
     results["meta"] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
-        **runtime(args.python),
+        **versions,
+        "interpreter": how,
         "machine_busy_pct_before": busy_before,
         "machine_busy_pct_during": procstat.busy_percent(machine, procstat.machine_busy()),
         "idle_window_s": args.idle,
@@ -185,14 +205,15 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def runtime(python: str) -> dict[str, str]:
+def runtime(python: str, shown: str) -> dict[str, str]:
     """Versions of what both plugins run on: the interpreter, grpcio, protobuf, supervisor."""
     code = (
         "import platform, grpc, google.protobuf as p, importlib.metadata as m; "
         "print(platform.python_version(), grpc.__version__, p.__version__, m.version('supervisor'))"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    shown = os.path.relpath(python) if python.startswith(os.getcwd() + os.sep) else python  # no machine paths
+    if shown.startswith(os.getcwd() + os.sep):
+        shown = os.path.relpath(shown)  # no machine paths
     return {"python": f"{out[0]} ({shown})", "grpcio": out[1], "protobuf": out[2], "supervisor": out[3]}
 
 
@@ -207,9 +228,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--callers", type=int, default=16, help="concurrent Allocate callers (default 16)")
     parser.add_argument("--restarts", type=int, default=20, help="kubelet restarts per plugin (default 20)")
     parser.add_argument("--idle", type=float, default=30.0, help="idle window in seconds (default 30)")
-    parser.add_argument("--scale", type=int, default=10_000, help="devices in the scale phase (default 10,000)")
+    parser.add_argument(
+        "--scale",
+        default="1000,10000,50000,max",
+        help="device counts of the scale table; max: the most that fit the kubelet's 4 MiB (default %(default)s)",
+    )
     parser.add_argument("--burst", type=int, default=10_000, help="files in the burst (default 10,000)")
-    parser.add_argument("--more", type=int, default=20, help="single changes once settled at scale (default 20)")
+    parser.add_argument("--bursts", type=int, default=3, help="bursts per plugin; the median is shown (default 3)")
+    parser.add_argument(
+        "--more", type=int, default=20, help="single changes once settled at scale, up to 10,000 devices (default 20)"
+    )
     parser.add_argument(
         "--python",
         default=sys.executable,

@@ -11,7 +11,8 @@ import signal
 _STARTUP_SIGNALS = {signal.SIGHUP, signal.SIGTERM, signal.SIGINT}
 signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
 
-import sys  # noqa: E402  (after the mask, on purpose)
+import os  # noqa: E402  (after the mask, on purpose)
+import sys  # noqa: E402
 
 # The roles supervisord starts that take the blocked signals themselves once they can act on them.
 ROLE_COMMANDS = frozenset({"discovery", "plugin", "kubelet-watch"})
@@ -44,7 +45,14 @@ def restore_signals(command: str) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
 
 
+# supervisord starts the watchdog with the three roles, four interpreters on a node's CPUs at once; it
+# has nothing to do for seconds (its back-off starts at 10 s), the plugin's Register waits on the others.
+NICE_COMMANDS = {"watchdog": 10}
+
+
 if __name__ == "__main__":
+    if command_of(sys.argv[1:]) in NICE_COMMANDS:
+        os.nice(NICE_COMMANDS[command_of(sys.argv[1:])])
     if command_of(sys.argv[1:]) not in ROLE_COMMANDS:
         restore_signals(command_of(sys.argv[1:]))
 
