@@ -7,7 +7,7 @@ PROTOC_VENV := .venv-protoc
 # The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
 # bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
-DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml
+DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml jsonschema
 # Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
 # and boot the installed package in a fresh bookworm root (debootstrap, systemd-nspawn).
 DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel \
