@@ -18,7 +18,9 @@ from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
 
+# How GetPreferredAllocation places replicas: "spread" over devices, or "pack" onto few.
 REPLICA_POLICIES = ("spread", "pack")
+DEFAULT_REPLICA_POLICY = REPLICA_POLICIES[0]
 # Up to this many NUMA nodes besides those of must_include, preferred() tries every
 # combination (at most 2**8 = 256); above it, it adds nodes greedily.
 EXACT_NUMA_SEARCH_LIMIT = 8
@@ -26,6 +28,8 @@ EXACT_NUMA_SEARCH_LIMIT = 8
 
 @dataclass(frozen=True)
 class ContainerAllocation:
+    """What one container gets for the devices it was allocated (one ContainerAllocateResponse)."""
+
     device_ids: tuple[str, ...]  # as requested, in request order
     envs: dict[str, str] = field(default_factory=dict)
     device_nodes: tuple[DeviceNode, ...] = ()
@@ -110,7 +114,7 @@ def preferred(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
-    policy: str = "spread",
+    policy: str = DEFAULT_REPLICA_POLICY,
 ) -> tuple[str, ...]:
     """A deterministic preferred allocation; never raises.
 

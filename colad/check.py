@@ -30,6 +30,8 @@ EXIT_OK, EXIT_WRONG, EXIT_NOTHING = 0, 1, 3
 
 @dataclass
 class AllocateResult:
+    """The answer to one Allocate of a single device, as `colad check` shows it."""
+
     ok: bool
     error: str = ""
     code: str = ""  # the gRPC status code name when the call failed
@@ -42,6 +44,8 @@ class AllocateResult:
 
 @dataclass
 class DeviceReport:
+    """One device of the first ListAndWatch message, and what Allocate made of it."""
+
     id: str
     health: str
     numa_nodes: list[int]
@@ -50,6 +54,8 @@ class DeviceReport:
 
 @dataclass
 class SocketReport:
+    """Everything `colad check` learnt from one plugin socket; `problems` empty when all was right."""
+
     socket: str
     resource: str = "unknown"
     dead: bool = False  # nothing listens: the file is missing or refuses connections
@@ -162,12 +168,6 @@ def find_sockets(kubelet_dir: str) -> list[str]:
     return [os.path.join(kubelet_dir, n) for n in names]
 
 
-def probe(path: str, timeout: float) -> tuple[bool, str]:
-    """(dead, reason) of one plain connect(); (False, "") when something accepts."""
-    result = kubeletdir.dial(path, timeout)
-    return result.dead, result.reason
-
-
 def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
@@ -199,10 +199,10 @@ class SocketCheck:
         self.report = SocketReport(socket=path)
 
     def run(self) -> SocketReport:
-        dead, reason = probe(self.path, self.timeout)
-        if dead or reason:
-            self.report.dead = dead
-            self.report.problems.append(reason)
+        dialled = kubeletdir.dial(self.path, self.timeout)  # one plain connect() before any gRPC
+        if not dialled.live:
+            self.report.dead = dialled.dead
+            self.report.problems.append(dialled.reason or "no answer")
             return self.report
         channel = grpc.insecure_channel("unix:" + self.path, options=[
             ("grpc.max_receive_message_length", constants.KUBELET_MAX_RECV_MESSAGE_BYTES),

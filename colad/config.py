@@ -2,16 +2,14 @@
 
 Precedence: built-in defaults < TOML file < COLAD_* environment < command-line flags.
 Every problem is collected and reported at once, naming the key and where the
-value came from; callers turn `ConfigError` into exit code 2 and one line.
-Nothing else in colad reads os.environ.
+value came from (the checks of single values are config_checks.py); callers turn
+`ConfigError` into exit code 2 and one line. Nothing else in colad reads os.environ.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
-import re
 import stat
 import tomllib
 from collections.abc import Callable, Mapping
@@ -19,17 +17,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colad import constants
-from colad.allocation import REPLICA_POLICIES
+from colad.allocation import DEFAULT_REPLICA_POLICY
+from colad.config_checks import (
+    address_problem,
+    alias_problems,
+    bare_dots,
+    level_problem,
+    max_devices_in_list,
+    path_problem,
+    policy_problem,
+    positive_problem,
+    show,
+    show_key,
+    show_path,
+    socket_dir_problem,
+    socket_file_problem,
+    text_problem,
+)
+from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.errors import ConfigError
+from colad.names import DEFAULT_RESOURCE_NAME, resource_name_problem
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-# DNS-1123 subdomain and qualified-name rules, as the kubelet applies them to
-# resource names (k8s.io/apimachinery validation.IsQualifiedName via
-# pkg/apis/core/v1/helper IsExtendedResourceName).
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
 MAX_REPLICAS = 1000
 MAX_RESOURCES = 32
@@ -65,15 +74,17 @@ class Resource:
     # Each device is advertised `replicas` times as <id>::<n> (1 = not shared).
     replicas: int = 1
     # How GetPreferredAllocation places replicas: "spread" over devices, or "pack" onto few.
-    replica_policy: str = "spread"
+    replica_policy: str = DEFAULT_REPLICA_POLICY
 
 
 @dataclass(frozen=True)
 class Config:
-    resource_name: str = "myway5.com/cola"
+    """Every setting of one colad process, validated; see conf/colad.toml for each key's meaning."""
+
+    resource_name: str = DEFAULT_RESOURCE_NAME
     device_dir: str = "/etc/colas"
     replicas: int = 1
-    replica_policy: str = "spread"
+    replica_policy: str = DEFAULT_REPLICA_POLICY
     kubelet_dir: str = constants.DEVICE_PLUGIN_PATH
     run_dir: str = "/run/colad"
     # host:port of /metrics and /healthz; "" turns the endpoint off.
@@ -143,194 +154,6 @@ def _settable_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
 
 
-def resource_name_problem(name: str) -> str | None:
-    """Why the kubelet would refuse this resource name at Register, or None."""
-    if "/" not in name:
-        return "must have a domain prefix, e.g. example.com/cola"
-    if "kubernetes.io/" in name:
-        return "must not use the kubernetes.io/ prefix"
-    if name.startswith("requests."):
-        return "must not start with requests."
-    prefix, _, short = ("requests." + name).rpartition("/")
-    if "/" in prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
-        return "prefix must be a lowercase DNS subdomain"
-    if len(short) > 63 or not _QUALIFIED_NAME.match(short):
-        return "name must be at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric"
-    return None
-
-
-def _show(value: object, limit: int = 80) -> str:
-    """A value for a problem text: repr (so no line break or invisible byte gets through), cut short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _name(key: str) -> str:
-    """A key or variable name for a problem text: as it is when short and printable, else its repr."""
-    return key if key.isprintable() and len(key) <= 80 else _show(key)
-
-
-def _where(path: str) -> str:
-    """A file path for a problem text: as it is when printable, else its repr."""
-    return path if path.isprintable() else repr(path)
-
-
-def _text_problem(value: str) -> str | None:
-    """Why a path or name cannot pass through the OS, inotify, gRPC and the logs as text, or None."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid UTF-8 (a byte that is not UTF-8 came in through the environment or a flag)"
-    if "\x00" in value:
-        return "contains a NUL byte"
-    if not value.isprintable():
-        return "contains a control or invisible character"
-    return None
-
-
-def _path_problem(value: str) -> str | None:
-    return _text_problem(value) or (None if os.path.isabs(value) else "must be an absolute path")
-
-
-# gRPC reads "unix:<path>" as a URI: %XX is decoded, ? and # start a query or a fragment, and ","
-# separates addresses (checked with grpcio 1.51 and 1.85: bind or dial then misses the path).
-_GRPC_UNSAFE = "%?#,"
-# run_dir is written into supervisord.conf: supervisord expands %(name)s in its values, strips
-# surrounding blanks and ends a value at " ;" or " #".
-_SUPERVISORD_UNSAFE = "%"
-_STAMP = "0" * constants.PLUGIN_SOCKET_STAMP_DIGITS
-_PID = "0" * constants.PID_MAX_DIGITS
-# The sockets colad binds or dials in each directory: (name as shown, longest name).
-_DIR_SOCKETS: dict[str, tuple[tuple[str, str], ...]] = {
-    "kubelet_dir": (
-        (
-            f"{constants.PLUGIN_SOCKET_PREFIX}<unix ms>{constants.PLUGIN_SOCKET_SUFFIX}",
-            f"{constants.PLUGIN_SOCKET_PREFIX}{_STAMP}{constants.PLUGIN_SOCKET_SUFFIX}",
-        ),
-        (constants.KUBELET_SOCKET_NAME, constants.KUBELET_SOCKET_NAME),
-    ),
-    "run_dir": (
-        (f"{constants.QUEUE_SOCKET_NAME}.<pid>.tmp", f"{constants.QUEUE_SOCKET_NAME}.{_PID}.tmp"),  # queue.py staging
-        (f"{constants.SUPERVISOR_SOCKET_NAME}.<pid>", f"{constants.SUPERVISOR_SOCKET_NAME}.{_PID}"),  # supervisor's
-    ),
-}
-
-
-def _socket_length_problem(path: str, shown: str) -> str | None:
-    size = len(os.fsencode(path))
-    if size <= constants.SUN_PATH_MAX_BYTES:
-        return None
-    limit = constants.SUN_PATH_MAX_BYTES
-    return f"gives the socket path {shown} of {size} bytes, over the {limit} a Unix socket allows"
-
-
-def _socket_dir_problem(key: str) -> Callable[[str], str | None]:
-    """A check of a directory in which colad binds or dials the sockets of _DIR_SOCKETS[key]."""
-
-    def check(value: str) -> str | None:
-        if problem := _path_problem(value):
-            return problem
-        grpc = key == "kubelet_dir"
-        if bad := "".join(sorted(set(value) & set(_GRPC_UNSAFE if grpc else _SUPERVISORD_UNSAFE))):
-            why = "gRPC reads unix:<path> as a URI" if grpc else "supervisord.conf cannot carry it"
-            return f"must not contain {bad!r} ({why})"
-        if key == "run_dir" and any(c.isspace() for c in value):
-            return "must not contain blanks (supervisord.conf cannot carry them)"
-        for shown, name in _DIR_SOCKETS[key]:
-            if problem := _socket_length_problem(os.path.join(value, name), os.path.join("<dir>", shown)):
-                return problem
-        return None
-
-    return check
-
-
-def _socket_file_problem(value: str) -> str | None:
-    if problem := _path_problem(value):
-        return problem
-    if bad := "".join(sorted(set(value) & set(_GRPC_UNSAFE))):
-        return f"must not contain {bad!r} (gRPC reads unix:<path> as a URI)"
-    if value.endswith("/"):
-        return "must name a socket, not a directory"
-    return _socket_length_problem(value, "")
-
-
-_HOST_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?\Z")
-# An interface name (IFNAMSIZ 16 with the NUL) as an IPv6 scope, e.g. [fe80::1%eth0].
-_SCOPE = re.compile(r"[A-Za-z0-9_.:-]{1,15}\Z")
-
-
-def _host_problem(host: str) -> str | None:
-    """Why the metrics server could not even try to bind `host`, or None (an unknown name is retried)."""
-    if host.startswith("[") and host.endswith("]"):
-        address, _, scope = host[1:-1].partition("%")
-        try:
-            ipaddress.IPv6Address(address)
-        except ValueError:
-            return "host in brackets must be an IPv6 address, e.g. [::1]:9647"
-        return None if not scope or _SCOPE.match(scope) else "IPv6 scope must be an interface name"
-    if re.fullmatch(r"[0-9.]+", host):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return "host is not an IPv4 address"
-        return None
-    name = host[:-1] if host.endswith(".") else host
-    # socket.getaddrinfo encodes a name with the idna codec, which raises (not OSError) on a
-    # label over 63 characters or an empty one.
-    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
-        return "host must be an IP address or a DNS name of letters, digits and '-'"
-    return None
-
-
-def _address_problem(value: str) -> str | None:
-    host, sep, port = value.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    if ("[" in host or "]" in host or ":" in host) and not bracketed:
-        return "IPv6 hosts go in brackets, e.g. [::1]:9647"
-    if not sep or not host:
-        return "must be host:port"
-    if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 <= int(port) <= 65535:
-        return "port must be a number from 0 to 65535"
-    return _text_problem(value) or _host_problem(host)
-
-
-def _level_problem(value: str) -> str | None:
-    return None if value.upper() in LOG_LEVELS else "must be one of " + ", ".join(LOG_LEVELS)
-
-
-def _positive_problem(value: float) -> str | None:
-    return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
-
-
-def _varint_bytes(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def _field_bytes(body: int) -> int:
-    """A length-delimited protobuf field: one tag byte (field numbers below 16), the length, the body."""
-    return 1 + _varint_bytes(body) + body
-
-
-def device_entry_max_bytes(replicas: int, numa_nodes: int = constants.MAX_DEVICE_LIST_ENTRIES) -> int:
-    """The most bytes one advertised device can take in a ListAndWatchResponse (v1beta1 api.proto).
-
-    Its ID is the longest file name (MAX_DEVICE_ID_LENGTH) plus "::<replicas - 1>", its health
-    "Unhealthy", its topology `numa_nodes` NUMA IDs of two varint bytes each (up to MAX_NUMA_NODE).
-    """
-    id_bytes = constants.MAX_DEVICE_ID_LENGTH + (len(f"::{replicas - 1}") if replicas > 1 else 0)
-    node = _field_bytes(1 + _varint_bytes(constants.MAX_NUMA_NODE))  # NUMANode{ID} in TopologyInfo.nodes
-    topology = _field_bytes(numa_nodes * node) if numa_nodes else 0
-    return _field_bytes(_field_bytes(id_bytes) + _field_bytes(len(constants.UNHEALTHY)) + topology)
-
-
-def max_devices_in_list(replicas: int, numa_nodes: int = constants.MAX_DEVICE_LIST_ENTRIES) -> int:
-    """How many device files one resource can have so that its ListAndWatch answer always fits the
-    kubelet's receive limit, whatever the names, health and topology (each file is `replicas` entries).
-    """
-    per_file = replicas * device_entry_max_bytes(replicas, numa_nodes)
-    return constants.KUBELET_MAX_RECV_MESSAGE_BYTES // per_file
-
-
 def _replicas_problem(value: int) -> str | None:
     if not 1 <= value <= MAX_REPLICAS:
         return f"must be a whole number from 1 to {MAX_REPLICAS}"
@@ -339,24 +162,20 @@ def _replicas_problem(value: int) -> str | None:
     return None
 
 
-def _policy_problem(value: str) -> str | None:
-    return None if value in REPLICA_POLICIES else "must be one of " + ", ".join(REPLICA_POLICIES)
-
-
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resource_name": resource_name_problem,
-    "device_dir": _path_problem,
-    "kubelet_dir": _socket_dir_problem("kubelet_dir"),
-    "run_dir": _socket_dir_problem("run_dir"),
-    "metrics_address": lambda v: None if v == "" else _address_problem(v),
-    "log_level": _level_problem,
-    "rescan_interval": _positive_problem,
-    "register_timeout": _positive_problem,
-    "supervisord_template": lambda v: None if v == "" else _path_problem(v),
+    "device_dir": path_problem,
+    "kubelet_dir": socket_dir_problem("kubelet_dir"),
+    "run_dir": socket_dir_problem("run_dir"),
+    "metrics_address": lambda v: None if v == "" else address_problem(v),
+    "log_level": level_problem,
+    "rescan_interval": positive_problem,
+    "register_timeout": positive_problem,
+    "supervisord_template": lambda v: None if v == "" else path_problem(v),
     "replicas": _replicas_problem,
-    "replica_policy": _policy_problem,
-    "pod_resources_socket": lambda v: None if v == "" else _socket_file_problem(v),
-    "pod_resources_interval": _positive_problem,
+    "replica_policy": policy_problem,
+    "pod_resources_socket": lambda v: None if v == "" else socket_file_problem(v),
+    "pod_resources_interval": positive_problem,
 }
 
 
@@ -389,47 +208,10 @@ def _convert(field: dataclasses.Field[Any], raw: object) -> object:
     return raw
 
 
-def _bare_dots(text: str) -> int:
-    """Dots outside TOML strings and comments (the parts of dotted keys, and floats); linear time."""
-    dots = i = 0
-    special = re.compile(r"[.#\"']")
-    while (match := special.search(text, i)) is not None:
-        char, i = match.group(), match.start()
-        if char == ".":
-            dots, i = dots + 1, i + 1
-            continue
-        if char == "#":
-            end = text.find("\n", i)
-        else:
-            quote = char * 3 if text.startswith(char * 3, i) else char
-            end = _string_end(text, i + len(quote), quote)
-        if end < 0:  # runs to the end of the file (tomllib refuses it if unterminated)
-            break
-        i = end
-    return dots
-
-
-def _string_end(text: str, start: int, quote: str) -> int:
-    """The index after the string closed by `quote` from `start`; -1 if it never closes."""
-    i = start
-    while True:
-        end = text.find(quote, i)
-        if end < 0:
-            return -1
-        if quote[0] == '"':  # basic strings: an odd run of backslashes escapes the quote
-            run = len(text[i:end]) - len(text[i:end].rstrip("\\"))
-            if run % 2:
-                i = end + 1
-                continue
-        if len(quote) == 1 and "\n" in text[start:end]:
-            return text.index("\n", start)  # a one-line string cannot span lines: invalid, stop there
-        return end + len(quote)
-
-
 def _read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str, Any], str]:
     """The parsed file and its path ("" when the default file is absent); problems appended."""
-    where = _where(path)
-    if problem := _text_problem(path):
+    where = show_path(path)
+    if problem := text_problem(path):
         problems.append(f"config file {where}: path {problem}")
         return {}, path
     try:
@@ -451,7 +233,7 @@ def _read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str
             problems.append(f"config file {where}: larger than {MAX_CONFIG_FILE_BYTES // 1024} KiB")
             return {}, path
         text = raw.decode("utf-8")
-        if _bare_dots(text) > MAX_BARE_DOTS:
+        if bare_dots(text) > MAX_BARE_DOTS:
             problems.append(f"config file {where}: more than {MAX_BARE_DOTS} dotted key parts (colad's keys have none)")
             return {}, path
         return tomllib.loads(text), path
@@ -471,16 +253,16 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     path = flags.pop("config", None) or env.get("COLAD_CONFIG") or None
     explicit = path is not None
     path = str(path) if path else DEFAULT_CONFIG_PATH
-    if not os.path.isabs(path) and _text_problem(path) is None:
+    if not os.path.isabs(path) and text_problem(path) is None:
         # The children (supervisord's, with their own working directory) re-read it on reload.
         try:
             path = os.path.abspath(path)
         except OSError as exc:
-            problems.append(f"config file {_where(path)}: {exc.strerror or exc}")
+            problems.append(f"config file {show_path(path)}: {exc.strerror or exc}")
     fields = {f.name: f for f in _settable_fields()}
 
     file_data, path = _read_file(path, explicit, problems)
-    source = f"file {_where(path)}"
+    source = f"file {show_path(path)}"
     tables: tuple[Resource, ...] = ()
     labels: list[str] = []
     for key, raw in file_data.items():
@@ -488,13 +270,13 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             tables, labels = _resource_tables(raw, source, problems)
             continue
         if key not in fields:
-            problems.append(f"{_name(key)} ({source}): unknown key")
+            problems.append(f"{show_key(key)} ({source}): unknown key")
             continue
         values[key], sources[key] = raw, source
 
     known_vars = {ENV_PREFIX + name.upper() for name in fields} | {"COLAD_CONFIG"}
     for var in sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known_vars):
-        problems.append(f"environment {_name(var)}: unknown variable")
+        problems.append(f"environment {show_key(var)}: unknown variable")
     for name in fields:
         var = ENV_PREFIX + name.upper()
         if var in env:
@@ -516,7 +298,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             continue
         problem = _CHECKS.get(name, lambda _v: None)(value)
         if problem:
-            problems.append(f"{name} ({sources[name]}): {_show(value)} {problem}")
+            problems.append(f"{name} ({sources[name]}): {show(value)} {problem}")
             continue
         final[name] = value
     failed = set(values) - set(final)
@@ -554,17 +336,17 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
         where = f"resources[{index}]"
         before = len(problems)
         for key in sorted(set(table) - set(_RESOURCE_KEYS)):
-            problems.append(f"{where}.{_name(key)} ({source}): unknown key")
+            problems.append(f"{where}.{show_key(key)} ({source}): unknown key")
         for key in ("name", "device_dir"):
             if key not in table:
                 problems.append(f"{where}.{key} ({source}): required")
         name, device_dir = table.get("name"), table.get("device_dir")
-        replicas, policy = table.get("replicas", 1), table.get("replica_policy", "spread")
+        replicas, policy = table.get("replicas", 1), table.get("replica_policy", DEFAULT_REPLICA_POLICY)
         checks: tuple[tuple[str, object, type, Callable[[Any], str | None]], ...] = (
             ("name", name, str, resource_name_problem),
-            ("device_dir", device_dir, str, _path_problem),
+            ("device_dir", device_dir, str, path_problem),
             ("replicas", replicas, int, _replicas_problem),
-            ("replica_policy", policy, str, _policy_problem),
+            ("replica_policy", policy, str, policy_problem),
         )
         for key, value, kind, check in checks:
             if key not in table and key in ("name", "device_dir"):
@@ -572,37 +354,25 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
             if not isinstance(value, kind) or isinstance(value, bool):
                 problems.append(f"{where}.{key} ({source}): must be a {'whole number' if kind is int else 'string'}")
             elif (problem := check(value)) is not None:
-                problems.append(f"{where}.{key} ({source}): {_show(value)} {problem}")
+                problems.append(f"{where}.{key} ({source}): {show(value)} {problem}")
         if len(problems) == before:
             result.append(Resource(str(name), str(device_dir), int(replicas), str(policy)))
             labels.append(where)
     seen: set[str] = set()
     for resource in result:  # directories: see _directory_problems
         if resource.name in seen:
-            problems.append(f"resources ({source}): name {_show(resource.name)} is used by more than one resource")
+            problems.append(f"resources ({source}): name {show(resource.name)} is used by more than one resource")
         seen.add(resource.name)
     return tuple(result), labels
-
-
-def _place(path: str) -> tuple[str, tuple[int, int] | None]:
-    """A directory's resolved path (symlinks, '.', '..', '//' and a trailing '/' gone) and, if it
-    exists, its (st_dev, st_ino): two spellings, a symlink or a bind mount of one directory match."""
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except (OSError, ValueError):  # absent, unreadable; ValueError: a NUL (refused elsewhere)
-        return os.path.realpath(path) if "\x00" not in path else os.path.normpath(path), None
-    return real, (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _directory_problems(
     cfg: Config, labels: list[str], sources: Mapping[str, str], file_source: str, failed: set[str]
 ) -> list[str]:
-    """Device directories that alias or nest in one another, or that are colad's own directories.
+    """The device directories of `cfg` and colad's own ones, named for config_checks.alias_problems.
 
-    One physical device in two resources could be allocated twice; in a nested directory,
-    in-place edits would go unseen (discovery watches each directory, not its subdirectories).
-    `labels` names each of cfg.resource_tables by its index in the file.
+    `labels` names each of cfg.resource_tables by its index in the file; a key whose value
+    was refused (`failed`) is left out rather than compared as its default.
     """
     if cfg.resource_tables:
         tables = zip(labels, cfg.resource_tables, strict=True)
@@ -611,28 +381,8 @@ def _directory_problems(
         dirs = [("device_dir", sources.get("device_dir", "default"), cfg.device_dir)]
     else:
         dirs = []
-    places = [_place(path) for _, _, path in dirs]
-    own = {k: _place(getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed}
-    problems: list[str] = []
-    for j, ((key, source, path), (real, ident)) in enumerate(zip(dirs, places, strict=True)):
-        for (other_key, _, other_path), (other_real, other_ident) in zip(dirs[:j], places[:j], strict=True):
-            common = os.path.commonpath([real, other_real])
-            if real == other_real or (ident is not None and ident == other_ident):
-                how = "is used by more than one resource: it is the same directory as"
-            elif common == other_real:
-                how = "is inside the directory of"
-            elif common == real:
-                how = "contains the directory of"
-            else:
-                continue
-            problems.append(f"{key} ({source}): {_show(path)} {how} {other_key} {_show(other_path)}")
-        for own_key, (own_real, own_ident) in own.items():
-            if real == own_real or (ident is not None and ident == own_ident):
-                problems.append(
-                    f"{key} ({source}): {_show(path)} is also the {own_key} ({sources.get(own_key, 'default')}),"
-                    " whose files are colad's own, not devices"
-                )
-    return problems
+    own = [(k, sources.get(k, "default"), getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed]
+    return alias_problems(dirs, own)
 
 
 def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:

@@ -14,8 +14,7 @@ KUBELET_SOCKET_NAME: Final = "kubelet.sock"  # line 32: DevicePluginPath + "kube
 SUPPORTED_VERSIONS: Final = ("v1beta1",)  # line 48
 
 # kubernetes/kubernetes pkg/kubelet/cm/devicemanager/types.go
-CHECKPOINT_NAME: Final = "kubelet_internal_checkpoint"  # kubeletDeviceManagerCheckpoint
-ENDPOINT_STOP_GRACE_PERIOD_S: Final = 300.0  # endpointStopGracePeriod
+CHECKPOINT_NAME: Final = "kubelet_internal_checkpoint"  # kubeletDeviceManagerCheckpoint (tests/fakes/kubelet.py)
 
 # pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go dial(): the kubelet gives
 # up dialling the plugin socket after 10 s, so Register must not wait for less.
@@ -52,7 +51,6 @@ COLA_REPLICAS_ENV: Final = "COLA_REPLICAS"
 # colad owns every container env name starting with COLA_ (it sets COLA_DEVICES and COLA_REPLICAS
 # and may add more), so a device file may not set any of them.
 RESERVED_ENV_PREFIX: Final = "COLA_"
-RESERVED_ENVS: Final = (COLA_DEVICES_ENV, COLA_REPLICAS_ENV)
 
 # Linux <linux/un.h>: sun_path holds 108 bytes; gRPC (unix_sockaddr_populate) keeps one for the
 # terminating NUL, so a socket path colad binds or dials is at most 107 bytes.

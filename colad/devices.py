@@ -23,6 +23,7 @@ from colad.constants import (
     RESERVED_ENV_PREFIX,
     UNHEALTHY,
 )
+from colad.names import is_dns1123_subdomain, is_qualified_name
 
 # A device ID must be safe for the kubelet (valid UTF-8, at most 63 characters,
 # stable) and for the value of COLA_DEVICES, a comma-separated env list. So:
@@ -42,9 +43,6 @@ REPLICA_SEPARATOR = "::"
 # Permissions of a device node (cgroup device rules), in canonical order.
 PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# k8s.io/apimachinery pkg/util/validation/validation.go: IsQualifiedName, IsDNS1123Subdomain.
-_QUALIFIED_NAME_PART = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
 # CDI names "vendor/class=name" (container-device-interface pkg/parser): vendor and class start
 # with a letter and end with a letter or digit; the name starts and ends with a letter or digit.
 # The class takes no '.', the rule of the older CDI releases, so every runtime accepts it.
@@ -119,6 +117,16 @@ def base_id(device_id: str) -> str:
     return device_id.split(REPLICA_SEPARATOR, 1)[0]
 
 
+def replica_id(device_id: str, n: int) -> str:
+    """The ID of replica `n` of device `device_id` ("cola1", 3 -> "cola1::3")."""
+    return f"{device_id}{REPLICA_SEPARATOR}{n}"
+
+
+def replica_suffix_length(replicas: int) -> int:
+    """Characters the longest replica ID adds to its device ID ("::<replicas - 1>"); 0 when not shared."""
+    return len(replica_id("", replicas - 1)) if replicas > 1 else 0
+
+
 def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
     """Each device as `replicas` devices "<id>::0" .. "<id>::<replicas-1>" with the same fields.
 
@@ -127,7 +135,7 @@ def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
     if replicas <= 1:
         return devices
     return DeviceSet.of(
-        replace(d, device_id=f"{d.device_id}{REPLICA_SEPARATOR}{n}") for d in devices for n in range(replicas)
+        replace(d, device_id=replica_id(d.device_id, n)) for d in devices for n in range(replicas)
     )
 
 
@@ -170,6 +178,7 @@ def path_problem(path: str) -> str | None:
 
 
 def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a container environment variable a device file sets, or None."""
     if not _ENV_NAME.match(name) or len(name) > MAX_DEVICE_STRING_BYTES:
         return f"{_show(name)} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
     if name.startswith(RESERVED_ENV_PREFIX):
@@ -183,9 +192,9 @@ def annotation_key_problem(key: str) -> str | None:
     name = parts[-1]
     if len(parts) > 2:
         return f"{_show(key)} has more than one '/'"
-    if len(parts) == 2 and not (0 < len(parts[0]) <= 253 and _DNS1123_SUBDOMAIN.match(parts[0])):
+    if len(parts) == 2 and not is_dns1123_subdomain(parts[0]):
         return f"{_show(key)}: the prefix must be a lower-case DNS subdomain of at most 253 characters"
-    if not (0 < len(name) <= 63 and _QUALIFIED_NAME_PART.match(name)):
+    if not is_qualified_name(name):
         return (
             f"{_show(key)}: the name must be 1-63 characters of A-Z a-z 0-9 - _ ., "
             "starting and ending with a letter or digit"
@@ -309,12 +318,16 @@ class DeviceSet:
 
 @dataclass(frozen=True)
 class SkippedName:
+    """A name in a watched directory that is not a device (or a device file refused), and why."""
+
     name: str
     reason: str
 
 
 @dataclass(frozen=True)
 class ScanResult:
+    """One listing of a device directory: the devices its names make, and the names skipped."""
+
     devices: DeviceSet
     skipped: tuple[SkippedName, ...] = ()
 
@@ -334,6 +347,8 @@ def build(names: Iterable[str]) -> ScanResult:
 
 @dataclass(frozen=True)
 class DeviceDiff:
+    """The IDs that came, went, or changed between two device sets (see diff); false when none did."""
+
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()

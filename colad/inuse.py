@@ -12,10 +12,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from colad.devices import base_id
+
 # Under run_dir, beside the plugin's state file (see constants.PLUGIN_STATE_NAME for why in state/).
 STATE_NAME = "state/inuse.json"
-# A replica of a shared device is advertised as <id>::<n> (see config.Resource.replicas).
-REPLICA_SEPARATOR = "::"
 
 # (namespace, pod, container, resource_name, device_ids) for one ContainerDevices entry of List.
 Assignment = tuple[str, str, str, str, Sequence[str]]
@@ -46,20 +46,18 @@ class Change:
     previous: Holder | None = None  # for "changed_hands": the one before
 
 
-def physical_id(device_id: str) -> str:
-    """The device a (possibly replica) ID stands for: "cocacola::2" -> "cocacola"."""
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
-
-
 def holders(assignments: Iterable[Assignment], resources: Collection[str]) -> dict[Key, frozenset[Holder]]:
-    """Holders of each physical device of the served `resources`; other resources do not count."""
+    """Holders of each physical device (a replica counts as its device) of the served `resources`.
+
+    Other resources do not count.
+    """
     found: dict[Key, set[Holder]] = {}
     for namespace, pod, container, resource_name, device_ids in assignments:
         if resource_name not in resources:
             continue
         holder = Holder(namespace, pod, container)
         for device_id in device_ids:
-            found.setdefault((resource_name, physical_id(device_id)), set()).add(holder)
+            found.setdefault((resource_name, base_id(device_id)), set()).add(holder)
     return {key: frozenset(held) for key, held in found.items() if held}
 
 

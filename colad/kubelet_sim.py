@@ -28,14 +28,17 @@ import grpc
 from colad import constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.config import Config, resource_name_problem
+from colad.config import Config
 from colad.errors import InstanceError
-from colad.queue import claim_socket_path
+from colad.names import resource_name_problem
+from colad.socketpath import claim_socket_path
 
 LOG = log.get(__name__)
 
 
 class Simulator(pb_grpc.RegistrationServicer):
+    """The kubelet's side of registration: checks a Register as the kubelet does, then follows the plugin."""
+
     def __init__(self, cfg: Config, allocate: int, once: bool, json_out: bool = False) -> None:
         self.cfg = cfg
         self.allocate_count = allocate

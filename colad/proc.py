@@ -9,12 +9,11 @@ Nothing here assumes who the parent is: in a container supervisord is PID 1.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 
 from colad import config as config_mod
-from colad import log
+from colad import log, statefile
 from colad.config import Config
 from colad.errors import ConfigError
 
@@ -64,18 +63,9 @@ def reload_config(running: Config) -> tuple[Config, tuple[str, ...]]:
     return applied, deferred
 
 
-def write_state_file(path: str, body: object) -> None:
-    """Replace the JSON state file `path` atomically (root-only, in a 0700 directory); never raises.
+def write_state_file(path: str, body: object) -> bool:
+    """Replace the JSON state file `path` atomically; False (logged) on failure, never raises.
 
-    Readers (`colad status`, `colad check`, `colad reload`) see the old or the new
-    file, never half of one. A failure is logged: a state file is never worth a crash.
+    One writer for every state file: statefile.write_json (0600 in a 0700 directory, tmp + rename).
     """
-    tmp = path + ".tmp"
-    try:
-        os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
-        os.replace(tmp, path)
-    except OSError as exc:
-        LOG.warning("state file not written", path=path, error=exc)
+    return statefile.write_json(path, body)

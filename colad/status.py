@@ -21,7 +21,7 @@ from typing import Any
 
 from colad import inuse, statefile
 from colad.config import Config
-from colad.statefile import StateFileError
+from colad.statefile import StateFileError, StateFileMissing
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
 ROLE_CHECK_TIMEOUT = 1.0  # /healthz must answer fast even when supervisord is busy
@@ -29,6 +29,8 @@ ROLE_CHECK_CACHE = 2.0  # seconds a role check is reused: probes and scrapes mus
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to supervisord over its unix socket: only connect() differs from a TCP connection."""
+
     def __init__(self, socket_path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self.socket_path = socket_path
@@ -128,16 +130,12 @@ def _in_use_unavailable(reason: str) -> dict[str, Any]:
 
 def read_in_use(cfg: Config) -> dict[str, Any]:
     """The plugin's in-use view, tolerant of a missing, partial or foreign file."""
-    path = os.path.join(cfg.run_dir, inuse.STATE_NAME)
     try:
-        with open(path, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except FileNotFoundError:
+        raw = statefile.read_raw(os.path.join(cfg.run_dir, inuse.STATE_NAME))
+    except StateFileMissing:
         return _in_use_unavailable("no in-use view written yet")
-    except (OSError, ValueError) as exc:
+    except StateFileError as exc:
         return _in_use_unavailable(f"in-use view unreadable: {exc}")
-    if not isinstance(raw, dict):
-        return _in_use_unavailable("in-use view unreadable: not an object")
     available = raw.get("available") is True
     updated = raw.get("updated")
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from colad import inuse
+from colad.devices import base_id
 from colad.inuse import Change, Holder
 
 pytestmark = pytest.mark.unit
@@ -68,7 +69,9 @@ def test_holders(assignments: list[inuse.Assignment], resources: set[str],
     [("cocacola", "cocacola"), ("cocacola::0", "cocacola"), ("x::", "x"), ("a::b::c", "a")],
 )
 def test_physical_id(device_id: str, physical: str) -> None:
-    assert inuse.physical_id(device_id) == physical
+    # The replica split is devices.base_id's; the in-use view keys holders by it.
+    assert base_id(device_id) == physical
+    assert set(inuse.holders([("ns", "p", "c", COLA, [device_id])], {COLA})) == {(COLA, physical)}
 
 
 K = (COLA, "cocacola")

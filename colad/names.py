@@ -1,0 +1,51 @@
+"""The Kubernetes name rules colad applies, and the default resource name, each written once.
+
+The kubelet refuses a Register whose resource name is not an extended-resource name, and
+the API server an annotation key that is not a qualified name: config.py, messages.py and
+kubelet_sim.py check the first, devices.py the second. Device and replica IDs are
+devices.py's, replica policies allocation.py's. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+DEFAULT_RESOURCE_NAME: Final = "myway5.com/cola"
+
+# k8s.io/apimachinery pkg/util/validation/validation.go: IsDNS1123Subdomain (DNS1123SubdomainMaxLength)
+# and the name part of IsQualifiedName (qualifiedNameMaxLength).
+DNS1123_SUBDOMAIN_MAX_LENGTH: Final = 253
+QUALIFIED_NAME_MAX_LENGTH: Final = 63
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
+_QUALIFIED_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    """Lower-case DNS labels joined by '.', 1 to 253 characters."""
+    return len(value) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _DNS1123_SUBDOMAIN.match(value) is not None
+
+
+def is_qualified_name(value: str) -> bool:
+    """The name part of a qualified name: 1 to 63 of [A-Za-z0-9._-], starting and ending alphanumeric."""
+    return len(value) <= QUALIFIED_NAME_MAX_LENGTH and _QUALIFIED_NAME.match(value) is not None
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why the kubelet would refuse this resource name at Register, or None.
+
+    pkg/apis/core/v1/helper IsExtendedResourceName: a domain prefix outside kubernetes.io/,
+    and "requests." + name a qualified name.
+    """
+    if "/" not in name:
+        return "must have a domain prefix, e.g. example.com/cola"
+    if "kubernetes.io/" in name:
+        return "must not use the kubernetes.io/ prefix"
+    if name.startswith("requests."):
+        return "must not start with requests."
+    prefix, _, short = ("requests." + name).rpartition("/")
+    if "/" in prefix or not is_dns1123_subdomain(prefix):
+        return "prefix must be a lowercase DNS subdomain"
+    if not is_qualified_name(short):
+        return "name must be at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric"
+    return None
