@@ -1,10 +1,9 @@
 """`colad check`: dial the live plugin socket(s) the way the kubelet does, for debugging a node.
 
-Reads: every colad-*.sock in the kubelet directory (or one --socket), over the
-device plugin API: options, the first ListAndWatch message, one Allocate per
-device and one GetPreferredAllocation; the plugin's state file for the resource
-name. Writes nothing but a table (or JSON) to stdout and one reason line to stderr.
-Exit codes: 0 all answered and allocated; 1 something answered wrong; 3 nothing to dial.
+Reads every colad-*.sock in the kubelet directory (or one --socket) over the device plugin API:
+options, the first ListAndWatch message, one Allocate per device, one GetPreferredAllocation;
+the resource name from the plugin's state file. Writes a table (or JSON) to stdout, one reason
+line to stderr. Exit codes: 0 all answered and allocated; 1 something answered wrong; 3 nothing to dial.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Device files: what the content of one file in the device directory says about its device.
 
-Discovery reads at most MAX_FILE_BYTES + 1 bytes of each device file and hands
-them to parse(), which returns a Device (devices.py) and never raises: a
-malformed file becomes an Unhealthy device whose `problem` names the key. A
-linear pre-scan first refuses keys that would make tomllib slow, so a parse has
-a budget. No I/O, no logging, no clock. The format is in docs/DEVICES.md.
+Discovery reads at most MAX_FILE_BYTES + 1 bytes of a device file; parse() returns a Device
+(devices.py) and never raises: a malformed file is an Unhealthy device whose `problem` names
+the key. A linear pre-scan refuses keys that would make tomllib slow, so a parse has a budget.
+No I/O, no logging, no clock. The format is in docs/DEVICES.md.
 """
 
 from __future__ import annotations

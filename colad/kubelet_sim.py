@@ -1,14 +1,9 @@
 """`colad kubelet-sim`: a kubelet stand-in for demos and for checking a plugin socket by hand.
 
-Serves the kubelet's Registration service on <kubelet_dir>/kubelet.sock and,
-like the real kubelet since 1.25, dials the plugin and asks for its options
-before answering Register, then follows ListAndWatch and (optionally) calls
-Allocate once, printing every step. It refuses to take over a live
-kubelet.sock, so it is harmless next to a real kubelet.
-With --json each step is also one JSON object per line on stdout (the log goes
-to stderr), ending in {"event": "exit", "code": N, "reason": ...}.
-Exit codes: 0 --once done, or stopped by a signal; 1 Allocate refused, nothing
-happened within --timeout, or another kubelet.sock answers.
+Serves Registration on <kubelet_dir>/kubelet.sock; like the kubelet since 1.25 it dials the plugin
+for its options before answering Register, then follows ListAndWatch and may Allocate once. It
+never takes over a live kubelet.sock. --json prints one JSON object per step on stdout, ending in
+{"event": "exit", ...}. Exit 0: --once done or signalled; 1: Allocate refused, timeout, or taken.
 """
 
 from __future__ import annotations

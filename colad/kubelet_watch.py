@@ -1,11 +1,9 @@
 """Role `colad kubelet-watch`: tells the plugin when the kubelet directory changes under it.
 
-Reads: the kubelet's device-plugins directory (inotify). A restarting kubelet
-deletes every plugin socket, then creates kubelet.sock anew; the kubelet also
-rewrites its checkpoint there after every device update, which is ignored.
-Writes: a KubeletState (identity of kubelet.sock, colad sockets present) to the
-plugin over the local queue on every change and after every reconnect. The
-plugin re-checks the directory itself before acting: this role says "look".
+Watches the kubelet's device-plugins directory (inotify): a restarting kubelet deletes every
+plugin socket, then creates kubelet.sock anew; its checkpoint rewrites are ignored. On every
+change and reconnect it sends a KubeletState (kubelet.sock's identity, colad's sockets) over the
+queue. The plugin re-checks the directory itself before acting: this role says "look".
 """
 
 from __future__ import annotations

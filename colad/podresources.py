@@ -1,9 +1,8 @@
 """The in-use view, I/O shell: polls the kubelet's PodResources API from a daemon thread of the plugin.
 
-A device plugin only knows what it handed out; the kubelet knows what is still in use. Every
-`pod_resources_interval` seconds this calls List on `pod_resources_socket` (and, once per
-connection, GetAllocatableResources), turns the answer into plain tuples for the pure core
-(inuse.py), logs hand-overs, sets the metrics and writes run_dir/state/inuse.json for `colad status`.
+Every `pod_resources_interval` seconds it calls List on `pod_resources_socket` (and, once per
+connection, GetAllocatableResources), hands plain tuples to the pure core (inuse.py), logs
+hand-overs, sets the metrics and writes run_dir/state/inuse.json for `colad status`.
 An absent or old kubelet degrades to "unavailable" with one log line, never a crash.
 """
 

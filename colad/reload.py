@@ -1,12 +1,9 @@
 """`colad reload`: check the config, then have the running colad re-read it (SIGHUP to its processes).
 
-Reads: the config (loaded and validated by cli.py before this runs: an invalid
-file exits 2 and nothing is signalled), supervisord's XML-RPC interface, and
-the plugin's state file, whose "reload" entry says how the plugin took it.
-Writes: nothing; signals the three programs through supervisord, never
-supervisord itself (its own SIGHUP restarts every program).
-Exit codes: 0 applied; 1 refused or not confirmed in time; 2 invalid config;
-3 colad is not running.
+cli.py has loaded the config already (an invalid one exits 2, nothing signalled). This signals the
+programs through supervisord's XML-RPC, never supervisord itself (its SIGHUP restarts them all),
+and waits for the "reload" entry of the plugin's state file to say how it was taken.
+Exit codes: 0 applied; 1 refused or not confirmed in time; 2 invalid config; 3 colad is not running.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """`colad supervise`: render the supervisord template and run supervisord in the foreground.
 
-Reads: the Config and the supervisord template (conf/supervisord.conf).
-Writes: <run_dir>/supervisord.conf (atomically: never empty or half written), then replaces itself with supervisord, so
-systemd (or the terminal) sees supervisord as the main process. Children
-get the config file's path and the keys set by flags as COLAD_* variables. This is what the systemd
-unit runs.
+Reads the Config and the template (conf/supervisord.conf); writes <run_dir>/supervisord.conf
+whole or not at all, then execs supervisord, so systemd (or the terminal) sees it as the main
+process. Children get the config file's path and the keys set by flags as COLAD_* variables.
+This is what the systemd unit runs.
 """
 
 from __future__ import annotations
