@@ -190,21 +190,16 @@ def render(report: dict[str, Any]) -> str:
     for name, info in sorted(report["processes"].items()):
         lines.append(f"{name:<15}{info['state']:<10}{info['pid']:>8}  {int(info['uptime'])}s")
     plugin = report.get("plugin")
-    if plugin:
-        resources = plugin.get("resources")
-        if not isinstance(resources, list):  # a state file from before [[resources]]
-            resources = [{**plugin, "name": plugin.get("resource_name")}]
-        for r in resources:
-            if not isinstance(r, dict):
-                continue
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.get("since", 0)))
-            lines.append("")
-            lines.append(f"resource:   {r.get('name')}")
-            lines.append(f"registered: {'yes' if r.get('registered') else 'no'} ({r.get('state')} since {since})")
-            lines.append(f"endpoint:   {r.get('endpoint') or '-'}")
-            replicas = f", {r.get('replicas')} replicas each" if (r.get("replicas") or 1) > 1 else ""
-            lines.append(f"devices:    {r.get('devices')} ({r.get('healthy')} healthy{replicas})")
-            lines.append(f"streams:    {r.get('streams')}")
+    # report["plugin"] is the file as written (for --json); collect() has read it with from_json already.
+    for r in statefile.from_json(plugin).resources if plugin else ():
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))
+        lines.append("")
+        lines.append(f"resource:   {r.name}")
+        lines.append(f"registered: {'yes' if r.registered else 'no'} ({r.state} since {since})")
+        lines.append(f"endpoint:   {r.endpoint or '-'}")
+        replicas = f", {r.replicas} replicas each" if r.replicas > 1 else ""
+        lines.append(f"devices:    {r.devices} ({r.healthy} healthy{replicas})")
+        lines.append(f"streams:    {r.streams}")
     lines += _render_in_use(report.get("in_use"))
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
