@@ -32,10 +32,6 @@ KUBELET_DIR_EVENTS = (
 )
 
 
-# Re-exported for the modules that still import them from here; colad.kubeletdir owns them.
-__all__ = ["KubeletWatch", "is_plugin_socket_name", "main", "plugin_sockets", "socket_identity"]
-
-
 class KubeletWatch(watch.WatcherLoop):
     """The watcher role's loop: inotify on the kubelet directory, a KubeletState on every change."""
 
