@@ -367,8 +367,10 @@ class Chaos:
                 else:
                     victim = os.path.join(where, names.pop(self.rng.randrange(len(names))))
                     os.rmdir(victim) if os.path.isdir(victim) else os.unlink(victim)
-            except IsADirectoryError:
-                pass  # "rewrote" one of the bad directories
+            except (IsADirectoryError, NotADirectoryError, FileNotFoundError):
+                # "rewrote" one of the bad directories, or a random name came up twice and its
+                # first copy is already gone: the storm's own bookkeeping, not colad's doing.
+                pass
             ops += 1
             if ops % 200 == 0:
                 self.change_devices()  # real changes amid the storm must still arrive
