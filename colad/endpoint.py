@@ -1,0 +1,274 @@
+"""One resource's registration as the plugin runs it: carries out what registration.step decides.
+
+The I/O half of a resource on the plugin's life-cycle thread: its device broadcast,
+gRPC server and socket, Register calls in flight, counters and log lines (the gauges
+come from the published snapshot, collectors.py). Servers and calls come from an
+injected `Servers` factory, the seam the in-process tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from colad import constants, log
+from colad import registration as reg
+from colad.config import Resource
+from colad.devices import DeviceSet
+from colad.kubeletdir import fresh_endpoint, socket_identity
+from colad.messages import DeviceSnapshot
+from colad.metrics import Metrics
+from colad.plugin_events import Call, CallDone, EmptyListSent, StreamChanged
+from colad.service import DeviceBroadcast, DevicePluginServicer, FittedList, RegisterCall, StreamEvents, build_server
+from colad.service import fit_list as fit_list
+from colad.socketpath import SocketRecord
+from colad.statefile import ListCut, ResourceState
+
+LOG = log.get(__name__)
+
+
+@dataclass(frozen=True)
+class Servers:
+    """How servers and Register calls are made: gRPC on Unix sockets unless a test says otherwise."""
+
+    build: Callable[[DevicePluginServicer, str], Any] = build_server  # bound to the path, not started
+    register: Callable[[str, str, str, float], Call] = RegisterCall  # kubelet socket, endpoint, resource, timeout
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every endpoint of one plugin shares."""
+
+    kubelet_dir: str
+    kubelet_socket: str
+    register_timeout: float
+    metrics: Metrics
+    sockets: SocketRecord
+    post: Callable[[Any], None]
+    wall: Callable[[], float]
+    servers: Servers
+    taken: Callable[[], set[str]]  # socket paths the other endpoints serve on
+
+
+class Endpoint:
+    """A resource's broadcast, server, socket and calls; `state` is its pure registration record."""
+
+    def __init__(self, ctx: Context, resource: Resource, now: float) -> None:
+        self.ctx = ctx
+        self.resource = resource
+        self.name = resource.name
+        self.broadcast = DeviceBroadcast()
+        self.state = reg.Registration(started=now)
+        self.server: Any = None
+        self.socket_path: str | None = None
+        self.calls: dict[int, Call] = {}
+        self.fit: FittedList | None = None  # the last list measured against the kubelet's limit
+        self.since = ctx.wall()
+        self.last_registered = 0.0
+        self.draining = False
+        ctx.metrics.add_resource(self.name)
+
+    def apply(self, event: reg.Event, now: float) -> None:
+        """Step the registration and carry out its effects; answers are stepped in turn, at once."""
+        pending: deque[reg.Event] = deque([event])
+        while pending:
+            self.state, effects = reg.step(self.state, pending.popleft(), now)
+            for effect in effects:
+                answer = self._execute(effect)
+                if answer is not None:
+                    pending.append(answer)
+
+    def _execute(self, effect: reg.Effect) -> reg.Event | None:
+        metrics, name = self.ctx.metrics, self.name
+        match effect:
+            case reg.StopServer(generation=generation):
+                self.stop_server(generation)
+            case reg.Serve(generation=generation, cause=cause):
+                metrics.server_restarts.labels(name, cause).inc()
+                try:
+                    return self._serve(generation)
+                except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
+                    return reg.ServeFailed(generation, str(exc))
+            case reg.CheckSocket():
+                return reg.SocketChecked(self.socket_intact())
+            case reg.SendRegister(call=call, endpoint=endpoint):
+                identity = socket_identity(self.ctx.kubelet_socket)
+                if identity:
+                    ctx = self.ctx
+                    handle = ctx.servers.register(ctx.kubelet_socket, endpoint, name, ctx.register_timeout)
+                    self.calls[call] = handle
+                    handle.add_done_callback(lambda: ctx.post(CallDone(name, call, handle)))
+                return reg.RegisterSent(call, identity)
+            case reg.CancelCall(call=call):
+                cancelled = self.calls.pop(call, None)
+                if cancelled is not None:
+                    cancelled.cancel()
+                    cancelled.close()
+            case reg.RetryAt(delay=delay, error=error):
+                metrics.registrations.labels(name, "failure").inc()
+                LOG.warning("register failed", resource=name, error=error, retry_in=f"{delay:.2f}s")
+            case reg.Accepted(endpoint=endpoint):
+                self.last_registered = self.ctx.wall()
+                metrics.registrations.labels(name, "success").inc()
+                LOG.info("register to kubelet successfully", resource=name, endpoint=endpoint)
+            case reg.Transition(previous=previous, phase=phase, reason=reason, fields=fields):
+                self.since = self.ctx.wall()
+                LOG.info(
+                    "plugin state", resource=name, state=phase.value, previous=previous.value, reason=reason,
+                    **dict(fields),
+                )  # fmt: skip
+            case reg.GaveUpWaiting(waited=waited):
+                LOG.warning("no device snapshot yet; registering anyway", resource=name, waited=f"{waited}s")
+            case reg.SendEmptyList():
+                self.draining = True
+                self.broadcast.update(DeviceSet())
+        return None
+
+    def _serve(self, generation: int) -> reg.Served:
+        """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
+        os.makedirs(self.ctx.kubelet_dir, mode=0o750, exist_ok=True)
+        path = fresh_endpoint(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
+        post, name = self.ctx.post, self.name
+
+        def sent(g: int, count: int) -> None:
+            LOG.debug("ListAndWatch sent", resource=name, generation=g, devices=count)
+            if count == 0:
+                post(EmptyListSent(name, g))
+
+        events = StreamEvents(
+            opened=lambda g: post(StreamChanged(name, g, True)),
+            closed=lambda g: post(StreamChanged(name, g, False)),
+            sent=sent,
+        )
+        policy = lambda: self.resource.replica_policy  # noqa: E731 - read per request: a reload may change it
+        servicer = DevicePluginServicer(self.broadcast, generation, events, self.ctx.metrics, name, policy)
+        server = self.ctx.servers.build(servicer, path)
+        server.start()
+        self.server, self.socket_path = server, path
+        self.ctx.sockets.add(path)
+        endpoint = os.path.basename(path)
+        LOG.info("serving", resource=name, endpoint=endpoint, generation=generation)
+        return reg.Served(generation, endpoint)
+
+    def stop_server(self, generation: int) -> None:
+        self.broadcast.close_generation(generation)
+        if self.server is not None:
+            self.server.stop(grace=0).wait(5)
+            self.server = None
+        if self.socket_path:
+            self.ctx.sockets.remove(self.socket_path)  # only if it is still the socket we made
+        self.socket_path = None
+
+    def socket_intact(self) -> bool:
+        return self.socket_path is not None and self.ctx.sockets.intact(self.socket_path)
+
+    def call_done(self, call: int, handle: Call, now: float) -> None:
+        error = handle.error()
+        late = bool(error) and handle.may_still_complete()
+        handle.close()
+        self.calls.pop(call, None)
+        self.apply(reg.RegisterDone(call, error, late), now)
+
+    def stream_changed(self, generation: int, opened: bool, now: float) -> None:
+        self.apply(reg.StreamOpened(generation) if opened else reg.StreamClosed(generation), now)
+
+    def advertise(self, physical: DeviceSet) -> bool:
+        """Hand the list to the streams first: bookkeeping is not on the path of a change to the kubelet.
+
+        Measured against the kubelet's 4 MiB receive limit: a list that does not fit is cut
+        (deterministically, see fit_list), never sent to fail at the kubelet and end the stream.
+        """
+        self.fit = fit_list(physical, self.resource.replicas)
+        return self.broadcast.update(self.fit.devices)
+
+    def take(self, snapshot: DeviceSnapshot, now: float, *, changed: bool | None = None) -> None:
+        """A device snapshot for this resource: advertise it, then the bookkeeping (metrics, log)."""
+        moved = self.advertise(snapshot.devices)
+        changed = moved if changed is None else changed
+        self.devices_seen(snapshot.devices, changed, snapshot.seq, snapshot.dir_present, now)
+
+    def devices_seen(self, physical: DeviceSet, changed: bool, seq: int, dir_present: bool, now: float) -> None:
+        first = not self.state.have_devices
+        metrics = self.ctx.metrics
+        if changed:
+            metrics.device_set_changes.labels(self.name).inc()
+        if changed or first:
+            advertised = self.broadcast.devices
+            metrics.forget_devices(self.name, set(advertised.ids))
+            self._report_fit()
+            LOG.info(
+                "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
+                unhealthy=physical.count(constants.UNHEALTHY), seq=seq, dir_present=dir_present,
+            )  # fmt: skip
+        self.apply(reg.DevicesSeen(), now)
+
+    def _report_fit(self) -> None:
+        fit, metrics = self.fit, self.ctx.metrics
+        if fit is None:
+            return
+        if fit.dropped:
+            metrics.list_cut.labels(self.name).inc()
+            LOG.warning(
+                "device list cut to fit the kubelet's message limit", resource=self.name, sent=len(fit.devices),
+                wanted=fit.wanted, bytes=fit.size, limit=constants.KUBELET_MAX_RECV_MESSAGE_BYTES,
+                replicas=self.resource.replicas,
+            )  # fmt: skip
+
+    def restart_clock(self, now: float) -> None:
+        self.state = replace(self.state, started=now)
+
+    def close(self, now: float) -> None:
+        self.apply(reg.Shutdown(), now)
+        for call in list(self.calls):
+            self._execute(reg.CancelCall(call))
+
+    def published(self) -> ResourceState:
+        advertised, state, fit = self.broadcast.devices, self.state, self.fit
+        return ResourceState(
+            name=self.name,
+            device_dir=self.resource.device_dir,
+            replicas=self.resource.replicas,
+            state=state.phase.value,
+            registered=state.phase is reg.Phase.REGISTERED,
+            endpoint=os.path.basename(self.socket_path) if self.socket_path else "",
+            devices=len(advertised),
+            healthy=advertised.count(constants.HEALTHY),
+            streams=state.live_streams(),
+            open_streams=state.all_streams(),
+            since=self.since,
+            last_error=state.last_error,
+            last_registered=self.last_registered,
+            cut=ListCut(fit.size, fit.wanted, fit.dropped) if fit else ListCut(),
+        )
+
+
+def withdraw(
+    endpoints: list[Endpoint], events: queue.Queue[Any], deferred: deque[Any], clock: Callable[[], float], wait: float
+) -> None:
+    """Tell the kubelet these resources' devices are gone (an empty list) before their streams end.
+
+    Otherwise a stopped plugin leaves its devices advertised (as unhealthy) for the kubelet's
+    5-minute grace period. Bounded by `wait` in all. Runs on the life-cycle thread: other
+    events that arrive meanwhile go to `deferred`, in order, for its loop.
+    """
+    now = clock()
+    for endpoint in endpoints:
+        endpoint.apply(reg.Withdraw(), now)
+    waiting = {e.name for e in endpoints if e.draining}
+    deadline = now + wait
+    while waiting and (left := deadline - clock()) > 0:
+        try:
+            event = events.get(timeout=left)
+        except queue.Empty:
+            break
+        if isinstance(event, EmptyListSent) and event.resource in waiting:
+            LOG.info("told the kubelet the devices are gone", resource=event.resource)
+            waiting.discard(event.resource)
+        else:
+            deferred.append(event)
+    for name in sorted(waiting):
+        LOG.warning("empty device list not confirmed sent", resource=name, waited=f"{wait}s")
