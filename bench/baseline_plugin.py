@@ -43,7 +43,9 @@ class Plugin(pb_grpc.DevicePluginServicer):
                 self.cond.notify_all()
 
     def on_event(self, event: pyinotify.Event) -> None:
-        if event.path != self.kubelet_dir:
+        # An IN_Q_OVERFLOW event has no path: rescan, as for any device event (an AttributeError here
+        # would end the notifier thread, and the plugin would never see a change again).
+        if getattr(event, "path", None) != self.kubelet_dir:
             self.rescan()
         elif event.name == "kubelet.sock":
             self.serve_and_register()

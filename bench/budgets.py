@@ -68,8 +68,11 @@ def _absolute(budget: str, value: float | None, limit: float, unit: str) -> Verd
 def _bursts(colad: dict[str, Any], baseline: dict[str, Any]) -> Verdict:
     """The burst must settle no later than the baseline's in every run: the worst run's ratio."""
     pairs = list(zip(colad["burst"]["runs"], baseline["burst"]["runs"], strict=False))
-    ratios = [round(c["settled_ms"] / b["settled_ms"], 2) for c, b in pairs]
-    detail = ", ".join(f"{c['settled_ms']:g}/{b['settled_ms']:g} ms" for c, b in pairs)
+    ratios = [
+        round(c["settled_ms"] / b["settled_ms"], 2) if c["settled_ms"] and b["settled_ms"] else math.inf
+        for c, b in pairs
+    ]
+    detail = ", ".join(f"{c['settled_ms']}/{b['settled_ms']} ms" for c, b in pairs)
     return Verdict(f"10,000-file burst settled vs baseline, worst of {len(pairs)} runs", max(ratios), 1.0, "x", detail)
 
 

@@ -84,7 +84,7 @@ def burst_runs(results: dict[str, Any]) -> str:
     parts = []
     for subject in ("colad", "baseline"):
         runs = results[subject].get("burst", {}).get("runs", [])
-        parts.append(f"{subject} " + " / ".join(f"{run['settled_ms']:g}" for run in runs))
+        parts.append(f"{subject} " + " / ".join(f"{run['settled_ms']}" for run in runs))
     return "burst runs, settled ms: " + "; ".join(parts)
 
 

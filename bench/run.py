@@ -142,7 +142,9 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
 
 def burst_summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     """Median of the runs, with the spread (min, max) of the settled time; each run kept."""
-    settled = [run["settled_ms"] for run in runs]
+    settled = [run["settled_ms"] for run in runs if run["settled_ms"] is not None]
+    if len(settled) < len(runs):  # a run that never settled is the slowest: no median hides it
+        return {"runs": runs, "files": runs[0]["files"], "create_ms": statistics.median(r["create_ms"] for r in runs)}
     return {
         "runs": runs,
         "files": runs[0]["files"],

@@ -16,6 +16,7 @@ from typing import Any
 from bench import measure
 from bench.subjects import Baseline, Colad, Subject
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from tests.helpers import WaitTimeout
 
 HEALTHY = "Healthy"
 
@@ -72,6 +73,9 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
             progress(f"{subject.name}: start over {count:,} devices")
             try:
                 figures = measure.scale(subject, names, changes_at(count, args.more), args.gap)
+            except WaitTimeout as exc:  # one count that fails is a row of dashes, not the end of the bench
+                progress(f"{subject.name} at {count:,} devices: {exc}")
+                figures = {"devices": count, "listed": 0, "message_bytes": 0, "error": str(exc)[:300]}
             finally:
                 subject.close()
                 subject.device_dir.rename(stage)
