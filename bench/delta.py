@@ -1,27 +1,39 @@
-"""Bytes and CPU of one device change on the queue: full snapshots (before #14) against deltas.
+"""CPU of one device change along the whole path: discovery, the queue (full snapshot against delta), the plugin.
 
-In one process, no sockets: discovery's side (build and encode what goes on the wire) and
-the plugin's side (decode, apply), at 1,000 / 10,000 / 50,000 bare devices with short names,
-and what the plugin still spends per change after the queue (fit_list, the ListAndWatch
-message). Run: .venv/bin/python -m bench.delta [counts...]
+At 1,000 / 10,000 / 50,000 bare devices with short names. The queue's side runs in one
+process, no sockets; discovery's is one real Discovery over a real directory (one file
+created, one step); the plugin's is fit_list and one ListAndWatch message, each on a set
+it has not seen (one device more than the last). Run: .venv/bin/python -m bench.delta [counts...]
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from itertools import count as counter
 
 from colad import devices, messages, service, snapshots
+from colad.config import Config
 from colad.devices import Device, DeviceSet
+from colad.discovery import Discovery
+
+Timed = Callable[[], object]
 
 
-def _cpu(fn: Callable[[], object], budget: float = 1.0) -> float:
-    """Median CPU seconds of one call of `fn` (process time, repeated for about `budget` seconds)."""
-    fn()
+def _cpu(make: Callable[[], Timed], budget: float = 1.0) -> float:
+    """Median CPU seconds of one call of what `make` returns (process time, about `budget` seconds).
+
+    `make` runs outside the measured time, so each call can get a set nothing was cached for.
+    """
+    make()()
     runs: list[float] = []
     spent = 0.0
     while spent < budget or len(runs) < 5:
+        fn = make()
         started = time.process_time()
         fn()
         took = time.process_time() - started
@@ -39,9 +51,7 @@ def _encode_delta(old: DeviceSet, digest: int, full: messages.DeviceSnapshot, ch
     return messages.encode(found)
 
 
-def measure(count: int) -> dict[str, float]:
-    old = DeviceSet.of(Device(f"cola{i:05d}") for i in range(count))
-    new = DeviceSet.of([*old, Device("cola99999x")])
+def _queue(count: int, old: DeviceSet, new: DeviceSet) -> dict[str, float]:
     full = messages.DeviceSnapshot(1, 2, new)
     digest = messages.set_digest(old)
     change = devices.diff(old, new)
@@ -59,26 +69,97 @@ def measure(count: int) -> dict[str, float]:
         snapshots.apply_delta(held, message, None)
 
     return {
-        "devices": count,
         "full_bytes": len(full_bytes),
         "delta_bytes": len(delta_bytes),
-        "full_encode_ms": _cpu(lambda: messages.encode(full)) * 1e3,
-        "full_decode_ms": _cpu(lambda: messages.decode(full_bytes)) * 1e3,
-        "diff_ms": _cpu(lambda: devices.diff(old, new)) * 1e3,  # done before #14 too (the log line)
-        "delta_build_encode_ms": _cpu(lambda: _encode_delta(old, digest, full, change)) * 1e3,
-        "delta_decode_apply_ms": _cpu(apply_delta) * 1e3,
-        "fit_list_ms": _cpu(lambda: service.fit_list(new, 1)) * 1e3,
-        "list_and_watch_ms": _cpu(lambda: service.to_response(new).SerializeToString()) * 1e3,
+        "full_encode_ms": _cpu(lambda: lambda: messages.encode(full)) * 1e3,
+        "full_decode_ms": _cpu(lambda: lambda: messages.decode(full_bytes)) * 1e3,
+        "delta_build_encode_ms": _cpu(lambda: lambda: _encode_delta(old, digest, full, change)) * 1e3,
+        "delta_decode_apply_ms": _cpu(lambda: apply_delta) * 1e3,
+    }
+
+
+def _plugin(old: DeviceSet) -> dict[str, float]:
+    """The plugin after the queue: every run gets `old` (already advertised) plus one device never seen."""
+    service.fit_list(old, 1)
+    service.fit_list(old, 2)
+    fresh = counter()
+
+    def one_more() -> DeviceSet:
+        return DeviceSet((*old.devices, Device(f"zz{next(fresh):07d}")))  # sorts after every "cola..." ID
+
+    def change(replicas: int) -> Timed:
+        new = one_more()
+
+        def run() -> None:
+            fitted = service.fit_list(new, replicas)
+            service.to_response(fitted.devices).SerializeToString()  # one stream's send, as gRPC serializes it
+
+        return run
+
+    return {
+        "fit_list_ms": _cpu(lambda: (lambda new: lambda: service.fit_list(new, 1))(one_more())) * 1e3,
+        "list_and_watch_ms": _cpu(
+            lambda: (lambda new: lambda: service.to_response(new).SerializeToString())(one_more())
+        )
+        * 1e3,
+        "plugin_change_ms": _cpu(lambda: change(1)) * 1e3,
+        "plugin_change_x2_ms": _cpu(lambda: change(2)) * 1e3,
+    }
+
+
+def _discovery(count: int) -> dict[str, float]:
+    """One real Discovery (no plugin listening) over `count` files: the step after one file is created."""
+    root = tempfile.mkdtemp(prefix="cd")
+    try:
+        device_dir = os.path.join(root, "devices")
+        os.mkdir(device_dir)
+        os.mkdir(os.path.join(root, "run"), 0o700)  # the queue socket's directory (nobody listens)
+        settled = time.time() - 3600  # older than the racy window: trusted from the first scan
+        for i in range(count):
+            path = os.path.join(device_dir, f"cola{i:05d}")
+            with open(path, "w"):
+                pass
+            os.utime(path, (settled, settled))
+        run_dir, kubelet_dir = os.path.join(root, "run"), os.path.join(root, "kubelet")
+        cfg = Config(device_dir=device_dir, kubelet_dir=kubelet_dir, run_dir=run_dir, rescan_interval=3600.0)
+        discovery = Discovery(cfg)
+        discovery.rescan("start")
+        fresh = counter()
+
+        def one_file() -> Timed:
+            with open(os.path.join(device_dir, f"zz{next(fresh):07d}"), "w"):
+                pass
+            return lambda: discovery.step(5.0)
+
+        found = {"discovery_change_ms": _cpu(one_file) * 1e3}
+        rw = next(iter(discovery.watches.values()))
+        found["discovery_followup_ms"] = (
+            _cpu(lambda: lambda: discovery.rescan("followup", [rw], {rw.resource.name: set()})) * 1e3
+        )
+        discovery.close()
+        return found
+    finally:
+        shutil.rmtree(root)
+
+
+def measure(count: int) -> dict[str, float]:
+    old = DeviceSet.of(Device(f"cola{i:05d}") for i in range(count))
+    new = DeviceSet.of([*old, Device("cola99999x")])
+    return {
+        "devices": count,
+        **_queue(count, old, new),
+        "diff_ms": _cpu(lambda: lambda: devices.diff(old, new)) * 1e3,
+        **_discovery(count),
+        **_plugin(old),
     }
 
 
 def main(argv: list[str]) -> int:
     counts = [int(a) for a in argv] or [1_000, 10_000, 50_000]
     rows = [measure(n) for n in counts]
-    keys = list(rows[0])
-    print(" ".join(f"{k:>22}" for k in keys))
-    for row in rows:
-        print(" ".join(f"{row[k]:>22.3f}" if isinstance(row[k], float) else f"{row[k]:>22}" for k in keys))
+    for key in rows[0]:
+        print(f"{key:>24}" + "".join(f"{row[key]:>12.3f}" if isinstance(row[key], float) else f"{row[key]:>12}"
+                                     for row in rows))  # fmt: skip
     return 0
 
 

@@ -19,7 +19,7 @@ import grpc
 from colad import allocation, constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.devices import REPLICA_SEPARATOR, Device, DeviceSet, replicate
+from colad.devices import Device, DeviceSet, replica_id
 from colad.errors import AllocationError
 from colad.metrics import Metrics
 
@@ -94,8 +94,65 @@ def _device(d: Device) -> pb.Device:
     return pb.Device(ID=d.device_id, health=d.health, topology=topology)
 
 
+# The encoded list is built from cached parts kept on the immutable objects themselves (as
+# DeviceSet.by_id is): a Device keeps its entry, a DeviceSet its joined list, a physical Device its
+# replicas. Unchanged devices are the same objects from change to change (snapshots.Receiver keeps
+# them), so one change encodes one entry; the rest is a join at C speed.
+_ENTRY = "_colad_list_entry"
+_LIST = "_colad_list"
+_REPLICAS = "_colad_replicas"
+# `repeated Device devices = 1` of ListAndWatchResponse: field 1, wire type 2 (length-delimited).
+_DEVICES_TAG = b"\x0a"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def list_entry(device: Device) -> bytes:
+    """`device` as one element of a serialized ListAndWatchResponse: tag, length, protobuf's own Device bytes."""
+    cached: bytes | None = device.__dict__.get(_ENTRY)
+    if cached is None:
+        body = _device(device).SerializeToString()
+        cached = _DEVICES_TAG + _varint(len(body)) + body
+        object.__setattr__(device, _ENTRY, cached)
+    return cached
+
+
+def encoded_list(devices: DeviceSet) -> bytes:
+    """The serialized ListAndWatchResponse of `devices`: byte for byte what protobuf makes of to_response()."""
+    cached: bytes | None = devices.__dict__.get(_LIST)
+    if cached is None:
+        cached = b"".join([d.__dict__.get(_ENTRY) or list_entry(d) for d in devices])
+        object.__setattr__(devices, _LIST, cached)
+    return cached
+
+
 def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
-    return pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
+    """The message for `devices`, parsed from encoded_list(): one C-speed parse instead of a Device object each."""
+    return pb.ListAndWatchResponse.FromString(encoded_list(devices))
+
+
+def _replicas(device: Device, replicas: int) -> tuple[Device, ...]:
+    """devices.replicate()'s replicas of `device`, kept on it (with their cached entries) for the next change."""
+    cached: tuple[int, tuple[Device, ...]] | None = device.__dict__.get(_REPLICAS)
+    if cached is None or cached[0] != replicas:
+        made = tuple(replace(device, device_id=replica_id(device.device_id, n)) for n in range(replicas))
+        cached = (replicas, made)
+        object.__setattr__(device, _REPLICAS, cached)
+    return cached[1]
+
+
+def _replicated(physical: DeviceSet, replicas: int) -> DeviceSet:
+    """devices.replicate(physical, replicas), made of the replicas kept on each physical device."""
+    if replicas <= 1:
+        return physical
+    return DeviceSet.of(r for d in physical for r in _replicas(d, replicas))
 
 
 @dataclass(frozen=True)
@@ -111,44 +168,30 @@ class FittedList:
         return self.wanted - len(self.devices)
 
 
-def _varint_size(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
 def fit_list(physical: DeviceSet, replicas: int, limit: int = constants.KUBELET_MAX_RECV_MESSAGE_BYTES) -> FittedList:
     """The advertised list, cut to the largest deterministic subset whose encoding fits `limit`.
 
     The kubelet's gRPC client refuses a bigger message (RESOURCE_EXHAUSTED) and the
     stream ends, so a list that does not fit is never sent whole. The cut keeps every
     physical device with as many replicas as fit: all of replica 0 in ID order, then
-    all of replica 1, and so on. Sizes are measured with ByteSize(), never estimated.
+    all of replica 1, and so on. Sizes are those of the exact encoded list, never estimated.
     """
-    wanted = replicate(physical, replicas)
-    size = to_response(wanted).ByteSize()
+    wanted = _replicated(physical, replicas)
+    size = len(encoded_list(wanted))
     if size <= limit:
         return FittedList(wanted, size, len(wanted))
     rounds = max(1, replicas)
-    order = [
-        (replace(d, device_id=f"{d.device_id}{REPLICA_SEPARATOR}{n}") if replicas > 1 else d)
-        for n in range(rounds)
-        for d in physical
-    ]
+    per_device = [_replicas(d, replicas) if replicas > 1 else (d,) for d in physical]
     kept: list[Device] = []
     total = 0
-    for device in order:
-        element = _device(device).ByteSize()
-        element += 1 + _varint_size(element)  # field 1 tag and the length prefix of the repeated entry
+    for device in (copies[n] for n in range(rounds) for copies in per_device):
+        element = len(list_entry(device))  # the repeated field's tag and length prefix included
         if total + element > limit:
             break
         total += element
         kept.append(device)
     fitted = DeviceSet.of(kept)
-    size = to_response(fitted).ByteSize()
-    while size > limit and kept:  # the arithmetic above is checked by measuring the real message
-        kept.pop()
-        fitted = DeviceSet.of(kept)
-        size = to_response(fitted).ByteSize()
-    return FittedList(fitted, size, len(wanted))
+    return FittedList(fitted, len(encoded_list(fitted)), len(wanted))
 
 
 def to_container_response(result: allocation.ContainerAllocation) -> pb.ContainerAllocateResponse:
