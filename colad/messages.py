@@ -1,10 +1,9 @@
 """The local queue's messages, and the only module that knows their wire format.
 
-A resource's devices travel as a full DeviceSnapshot on every (re)connect and
-as DeviceDeltas against the previous (epoch, seq) in between, each with a
-digest of the whole set; snapshots.py turns them back into exact sets. Encoding
-is ASCII JSON with a type and a version field and a hard size limit, which the
-*_size() functions let a sender meet exactly before it sends; nothing is unpickled.
+A resource's devices travel as a full DeviceSnapshot on every (re)connect and as DeviceDeltas
+against the previous (epoch, seq) in between, each with a digest of the whole set (snapshots.py
+rebuilds the exact sets). ASCII JSON with a type and a version field and a hard size limit, which
+the *_size() functions let a sender meet exactly before it sends; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Counter names: "rescans.inotify", "queue.sent" ... a bounded, label-safe alphabet.
 _COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
 _DIGEST = re.compile(r"[0-9a-f]{16}\Z")
+DIGEST_MOD = 1 << 64  # set_digest() is a sum of 64-bit device hashes
 
 
 @dataclass(frozen=True)
@@ -251,12 +251,14 @@ def device_entry(device: Device) -> bytes:
     return _dumps(device_to_wire(device))
 
 
+def device_wire_size(device: Device) -> int:
+    """Exact bytes `device` takes in an encoded DeviceSnapshot's list (without the separating comma)."""
+    return len(device_entry(device))
+
+
 def device_hash(device: Device) -> int:
     """A 64-bit hash of the device's wire entry: the same in every process (str hash() is not)."""
     return int.from_bytes(hashlib.blake2b(device_entry(device), digest_size=8).digest(), "big")
-
-
-DIGEST_MOD = 1 << 64
 
 
 def set_digest(devices_: Iterable[Device]) -> int:
@@ -300,14 +302,6 @@ def encode(message: Message) -> bytes:
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"{message.type} is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte limit")
     return data
-
-
-def device_wire_size(device: Device) -> int:
-    """Exact bytes `device` takes in an encoded DeviceSnapshot's list (without the separating comma)."""
-    if device.bare:
-        # ["<id>","<health>"]: IDs (devices.id_problem) and health values need no JSON escapes.
-        return len(device.device_id) + len(device.health) + 7
-    return len(_dumps(device_to_wire(device)))
 
 
 def snapshot_size(snapshot: DeviceSnapshot, device_sizes: Sequence[int] | None = None) -> int:
@@ -404,36 +398,3 @@ def decode(data: bytes) -> Message:
         return Stats(epoch, seq, role, tuple(sorted(counters.items())))
     raise MessageError(f"unknown message type {kind!r}")
 
-
-class SequenceTracker:
-    """Decides which messages are news: per stream (message `key`), (epoch, seq) must move forward.
-
-    A sender's epoch is fixed at its start, so a restarted sender overtakes the
-    old one. Each stream remembers which connection (`source`) delivered its
-    last accepted message; when that connection closes, the receiver calls
-    `forget`, so a restarted sender is accepted even if the clock stepped back
-    between the two starts. A connection whose messages were all stale cannot
-    make the receiver forget the live sender's position.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[int, int, object]] = {}
-
-    def accept(self, message: Message, source: object = None) -> bool:
-        position = (message.epoch, message.seq)
-        last = self._last.get(message.key)
-        if last is not None and position <= last[:2]:
-            return False
-        self._last[message.key] = (*position, source)
-        return True
-
-    def forget(self, key: str, source: object = None) -> None:
-        """Forget the stream `key` if its last accepted message came from `source`."""
-        last = self._last.get(key)
-        if last is not None and last[2] is source:
-            del self._last[key]
-
-    def forget_source(self, source: object) -> None:
-        """Forget every stream whose last accepted message came from `source` (a closed connection)."""
-        for key in [k for k, v in self._last.items() if v[2] is source]:
-            del self._last[key]

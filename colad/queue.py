@@ -81,7 +81,7 @@ class QueueServer:
         self.on_message = on_message
         self.on_reject = on_reject
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({os.geteuid()})
-        self.tracker = messages.SequenceTracker()
+        self.tracker = snapshots.SequenceTracker()
         self.receiver = receiver or snapshots.Receiver()  # device deltas in, exact DeviceSnapshots out
         self._selector = selectors.DefaultSelector()
         self._listener: socket.socket | None = None

@@ -1,10 +1,9 @@
-"""Device sets over the queue as full snapshots and deltas: the sender's delta, the receiver's exact set.
+"""The queue's streams in order: device sets as full snapshots and deltas, and which messages are news.
 
-Pure: no I/O, clock or logging. Discovery builds a DeviceDelta with `delta()`;
-the queue server feeds every DeviceSnapshot and DeviceDelta to a `Receiver`,
-which answers with the exact set now held, "stale" (a duplicate or replay) or
-"resync" (a gap, an unknown base, a digest mismatch): the server then drops that
-connection, and the sender starts the next one with a full snapshot.
+Pure: no I/O, clock or logging. Discovery builds a DeviceDelta with `delta()`; the queue
+server feeds each device message to a `Receiver` (the exact set now held, "stale", or
+"resync": the server drops that connection and the sender starts again with a full
+snapshot) and every other message to a `SequenceTracker` ((epoch, seq) must move forward).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from colad.devices import Device, DeviceDiff, DeviceSet, diff
-from colad.messages import DeviceDelta, DeviceSnapshot, moved_digest, set_digest
+from colad.messages import DeviceDelta, DeviceSnapshot, Message, moved_digest, set_digest
 
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
 _REBUILD_AT = 64
@@ -157,3 +156,37 @@ class Receiver:
 
     def forget(self, key: str) -> None:
         self.held.pop(key, None)
+
+
+class SequenceTracker:
+    """Decides which messages are news: per stream (message `key`), (epoch, seq) must move forward.
+
+    A sender's epoch is fixed at its start, so a restarted sender overtakes the
+    old one. Each stream remembers which connection (`source`) delivered its
+    last accepted message; when that connection closes, the receiver calls
+    `forget`, so a restarted sender is accepted even if the clock stepped back
+    between the two starts. A connection whose messages were all stale cannot
+    make the receiver forget the live sender's position.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int, object]] = {}
+
+    def accept(self, message: Message, source: object = None) -> bool:
+        position = (message.epoch, message.seq)
+        last = self._last.get(message.key)
+        if last is not None and position <= last[:2]:
+            return False
+        self._last[message.key] = (*position, source)
+        return True
+
+    def forget(self, key: str, source: object = None) -> None:
+        """Forget the stream `key` if its last accepted message came from `source`."""
+        last = self._last.get(key)
+        if last is not None and last[2] is source:
+            del self._last[key]
+
+    def forget_source(self, source: object) -> None:
+        """Forget every stream whose last accepted message came from `source` (a closed connection)."""
+        for key in [k for k, v in self._last.items() if v[2] is source]:
+            del self._last[key]

@@ -1,4 +1,4 @@
-"""Unit tests for colad.messages: wire round trips, strict decoding, and SequenceTracker."""
+"""Unit tests for colad.messages: wire round trips, strict decoding; and snapshots.SequenceTracker."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from colad.messages import (
     DeviceSnapshot,
     KubeletState,
     Message,
-    SequenceTracker,
     decode,
     device_entry,
     device_wire_size,
@@ -27,6 +26,7 @@ from colad.messages import (
     set_digest,
     snapshot_size,
 )
+from colad.snapshots import SequenceTracker
 
 pytestmark = pytest.mark.unit
 
