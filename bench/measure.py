@@ -73,7 +73,9 @@ def change(subject: Subject, name: str, create: bool) -> float:
     return update.at - started
 
 
-def changes(subjects: Sequence[Subject], count: int, prefix: str, gap: float) -> dict[str, list[float]]:
+def changes(
+    subjects: Sequence[Subject], count: int, prefix: str, gap: float, *, remove_first: bool = False
+) -> dict[str, list[float]]:
     """`count` changes per subject, interleaved, alternating create and unlink of `prefix-NNN`.
 
     Each change waits `gap` seconds after the previous one was seen, so that it
@@ -84,7 +86,10 @@ def changes(subjects: Sequence[Subject], count: int, prefix: str, gap: float) ->
     for i in range(count):
         for subject in subjects if i % 2 == 0 else reversed(subjects):
             time.sleep(gap)
-            seconds[subject.name].append(change(subject, f"{prefix}-{i // 2:04d}", create=i % 2 == 0))
+            if remove_first:  # unlink an existing device, then create it again: the set never grows
+                seconds[subject.name].append(change(subject, f"{prefix}{i // 2}", create=i % 2 == 1))
+            else:
+                seconds[subject.name].append(change(subject, f"{prefix}-{i // 2:04d}", create=i % 2 == 0))
     return seconds
 
 
@@ -264,26 +269,31 @@ def listed(subject: Subject, names: set[str], timeout: float, quiet: float) -> t
     return None, most
 
 
-def scale(subject: Subject, names: set[str], more: int, gap: float, timeout: float = 120.0) -> dict[str, Any]:
-    """Start over the files `names` (already in the device directory); then `more` single changes."""
+def scale(
+    subject: Subject, names: set[str], more: int, gap: float, *, full: bool = False, timeout: float = 150.0
+) -> dict[str, Any]:
+    """Start over the files `names` (already in the device directory); then `more` single changes.
+
+    `full`: the list is as large as the kubelet takes, so a change removes a device and adds it back.
+    """
     subject.kubelet.start()
     started = time.monotonic()
     subject.plugin.start(subject.root)
     registration = subject.registered(timeout=60)
-    full, most = listed(subject, names, timeout, quiet=15.0)
+    listing, most = listed(subject, names, timeout, quiet=45.0)
     subject.plugin.wait_ready()
     figures: dict[str, Any] = {
         "devices": len(names),
         "registered_ms": ms(registration.answered_at - started),
-        "full_list_ms": ms(full.at - started) if full else None,
+        "full_list_ms": ms(listing.at - started) if listing else None,
         "listed": most,
         "message_bytes": max((u.size_bytes for u in subject.kubelet.updates), default=0),
     }
     settle(2.0)
     figures["memory"] = memory(subject)
-    if full is None:  # a change to a list that is cut short may never show
+    if listing is None:  # a change to a list that is cut short may never show
         return figures
     before = cpu([subject])
-    one_more = changes([subject], more, "more", gap)[subject.name]
+    one_more = changes([subject], more, "" if full else "more", gap, remove_first=full)[subject.name]
     spent = cpu_per_operation(before, cpu([subject]), more)[subject.name]
     return {**figures, "one_more_change": summary(one_more), "cpu_ms_per_change": spent}

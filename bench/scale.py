@@ -3,8 +3,8 @@
 Device IDs are the shortest there are ("0", "1", ...), so the last count is the largest whose
 ListAndWatch answer fits the kubelet's 4 MiB receive limit. The files are made once, in a staging
 directory that grows from count to count and is renamed into each subject's root, so a count costs
-its own figures, not file creation twice. Per count: start -> full list, one more change, CPU per
-change (all processes), PSS.
+its own figures, not file creation twice. Per count: start -> full list, one more change (at the
+largest count, one device removed and added back), CPU per change (all processes), PSS.
 """
 
 from __future__ import annotations
@@ -72,7 +72,9 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
             stage.rename(subject.device_dir)
             progress(f"{subject.name}: start over {count:,} devices")
             try:
-                figures = measure.scale(subject, names, changes_at(count, args.more), args.gap)
+                figures = measure.scale(
+                    subject, names, changes_at(count, args.more), args.gap, full=count >= max_fit()
+                )
             except WaitTimeout as exc:  # one count that fails is a row of dashes, not the end of the bench
                 progress(f"{subject.name} at {count:,} devices: {exc}")
                 figures = {"devices": count, "listed": 0, "message_bytes": 0, "error": str(exc)[:300]}
