@@ -1,33 +1,36 @@
 """Role `colad discovery`: turns each resource's device directory into DeviceSnapshots on the queue.
 
-Reads: every resource's device directory (inotify, plus a periodic safety
-rescan) and the content of its files (devicefile.py parses it; a file is read
-again only when its inode, size or times changed). Writes: per resource, what
-changed as a DeviceDelta (snapshots.py), a full DeviceSnapshot after every
-(re)connect, over the local queue to the plugin. Level-triggered:
-any event, an inotify queue overflow or the timer all mean "list the directory
-again, build a new set, compare". Reload (SIGHUP) adds and drops directories.
-Neighbours: plugin.py (the queue's owner).
+Reads: each resource's device directory (inotify, a periodic safety rescan) and its files
+(devicedir.py). Writes, over the local queue to the plugin (plugin.py owns it): a full
+DeviceSnapshot after every (re)connect, then what changed as a DeviceDelta (snapshots.py).
+Level-triggered: an event that names files reads those files again and moves them in the held
+set (O(change)); any other event, an overflow, the timer or a reload re-list the directory.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 import pyinotify
 
 from colad import config as config_mod
-from colad import devicefile, devices, log, messages, snapshots, watch
+from colad import devices, log, messages, snapshots, watch
 from colad.config import Config, Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
+from colad.devicedir import Cached as _Cached
+from colad.devicedir import is_regular_file, read_device
+from colad.devicedir import list_regular_files as list_regular_files
+from colad.devicedir import racy as racy
 from colad.devices import Device
 from colad.queue import QueueClient
+from colad.snapshots import TOO_LARGE as TOO_LARGE
+from colad.snapshots import Fitted, fit_the_queue
 
 LOG = log.get(__name__)
 
@@ -43,154 +46,10 @@ DEVICE_EVENTS = (
 )
 
 
-# Timestamps of a file written within one tick of our read may not change at the next write:
-# ext2/ext3 and FAT keep seconds (FAT's mtime: 2 s), and before Linux 6.13 every filesystem stamps
-# files from the coarse clock (one jiffy, up to 10 ms) whatever its resolution. Like git's "racily
-# clean" index entries, a file whose mtime or ctime is not older than the read by this window is
-# read again at every scan, and once more when the window has passed (a follow-up rescan).
-RACY_WINDOW_NS = 2_000_000_000
 # A directory that cannot be listed (ELOOP, EACCES, EIO...) may send no event when it heals.
 UNUSABLE_RETRY_S = 2.0
 # A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
 SLOW_READ_S = 0.25
-# The seq of a snapshot is not known when it is fitted: count it with the widest it can have.
-_MAX_SEQ = 2**63 - 1
-
-
-def list_regular_files(path: str) -> tuple[list[str], bool]:
-    """Names of the regular files directly in `path` (symlinks, dirs, FIFOs and sockets are not devices).
-
-    Returns ([], False) when `path` is missing or not a directory; any other
-    failure to list it (ELOOP, EACCES, EIO...) raises the OSError.
-    """
-    names: list[str] = []
-    try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                try:
-                    # d_type from getdents: no stat() per file (lstat only where d_type is unknown).
-                    if entry.is_file(follow_symlinks=False):
-                        names.append(entry.name)
-                except FileNotFoundError:
-                    continue  # removed while we listed: the next event rescans
-                except OSError:
-                    names.append(entry.name)  # cannot tell: read_device makes it Unhealthy with the reason
-    except (FileNotFoundError, NotADirectoryError):
-        return [], False
-    return names, True
-
-
-def racy(mtime_ns: int, ctime_ns: int, read_ns: int, window_ns: int = RACY_WINDOW_NS) -> bool:
-    """May a write after a read at `read_ns` leave these timestamps unchanged (git's racily clean)?"""
-    return max(mtime_ns, ctime_ns) >= read_ns - window_ns
-
-
-@dataclass(frozen=True)
-class _Cached:
-    key: tuple[int, int, int, int] | None  # (ino, size, mtime_ns, ctime_ns); None: read again next time
-    device: Device
-    size: int  # messages.device_wire_size(device)
-    settles_ns: int | None = None  # racy until this wall-clock time: read again at every scan until then
-
-    @property
-    def trusted(self) -> bool:
-        """May the next scan skip this file unless an event names it?"""
-        return self.key is not None and self.settles_ns is None
-
-    @staticmethod
-    def of(key: tuple[int, int, int, int] | None, device: Device, read_ns: int) -> _Cached:
-        settles = None
-        if key is not None and racy(key[2], key[3], read_ns):
-            settles = max(key[2], key[3]) + RACY_WINDOW_NS + 1
-        return _Cached(key, device, messages.device_wire_size(device), settles)
-
-
-def read_device(
-    device_id: str, path: str, known: _Cached | None, *, now_ns: Callable[[], int] = time.time_ns
-) -> _Cached | None:
-    """The device in file `path`, re-read only when its identity, size or times changed; None if gone.
-
-    A key read within RACY_WINDOW_NS of its file's last change is not trusted:
-    the file is read again. An empty file is a bare healthy device (no open).
-    Anything unreadable is an Unhealthy device with the reason, never an exception.
-    """
-    read_ns = now_ns()  # before the stat: an earlier read time only makes more entries racy
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return _Cached.of(None, Device(device_id, UNHEALTHY, problem=f"cannot stat: {exc.strerror}"), read_ns)
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if known is not None and known.key == key and known.settles_ns is None:
-        return known
-    if st.st_size == 0:
-        return _Cached.of(key, devicefile.parse(device_id, b""), read_ns)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            data = os.read(fd, devicefile.MAX_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return _Cached.of(key, Device(device_id, UNHEALTHY, problem=f"cannot read: {exc.strerror}"), read_ns)
-    return _Cached.of(key, devicefile.parse(device_id, data), read_ns)
-
-
-TOO_LARGE = "snapshot too large: file content left out to fit the queue message limit"
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """A snapshot's devices cut to the queue's frame limit, measured on the exact encoded size."""
-
-    devices: devices.DeviceSet
-    demoted: tuple[str, ...] = ()  # Unhealthy, content dropped (largest first)
-    dropped: tuple[str, ...] = ()  # left out (the last IDs), when even bare entries do not fit
-    size: int = 0
-
-
-def fit_the_queue(
-    snapshot: messages.DeviceSnapshot, sizes: dict[str, int], limit: int = messages.MAX_MESSAGE_BYTES
-) -> Fitted:
-    """Keep `snapshot` (its seq is ignored) under `limit`: the largest devices turn Unhealthy until it fits.
-
-    `sizes` holds device_wire_size of devices already measured. Only many large
-    files get there (each is at most 64 KiB); if even their bare entries cannot
-    fit, the last IDs are left out. Deterministic: the same set gives the same cut.
-    """
-    found = snapshot.devices
-    wire = {d.device_id: sizes.get(d.device_id) or messages.device_wire_size(d) for d in found}
-    total = messages.snapshot_size(replace(snapshot, seq=_MAX_SEQ), [wire[d.device_id] for d in found])
-    if total <= limit:
-        return Fitted(found, size=total)
-    kept = {d.device_id: d for d in found}
-    demoted: list[str] = []
-    for device_id in sorted(wire, key=lambda i: (-wire[i], i)):
-        if total <= limit:
-            break
-        bare = Device(device_id, UNHEALTHY, problem=TOO_LARGE)
-        smaller = messages.device_wire_size(bare)
-        if smaller >= wire[device_id]:
-            continue
-        kept[device_id] = bare
-        total -= wire[device_id] - smaller
-        wire[device_id] = smaller
-        demoted.append(device_id)
-    dropped: list[str] = []
-    for device_id in sorted(kept, reverse=True):
-        if total <= limit:
-            break
-        total -= wire[device_id] + (1 if len(kept) > 1 else 0)
-        del kept[device_id]
-        dropped.append(device_id)
-    return Fitted(devices.DeviceSet.of(kept.values()), tuple(demoted), tuple(sorted(dropped)), total)
 
 
 @dataclass(frozen=True)
@@ -201,6 +60,20 @@ class ScanOutcome:
     unusable: str | None = None  # why the directory could not be listed ("ELOOP: Too many levels...")
     settles_in: float | None = None  # seconds until the racy entries can be trusted
     slow: tuple[tuple[str, float], ...] = ()  # (name, seconds) of slow reads
+
+
+@dataclass
+class Moved:
+    """What a rescan of some names found changed: `came` (sorted by ID) added or changed, `gone` what they
+    replaced or what left, `removed` the IDs that left (sorted); `size` the change in their wire sizes."""
+
+    problems: dict[str, str]  # every problem now: the names rescanned updated
+    names: list[str]  # the names rescanned, sorted
+    came: list[Device] = field(default_factory=list)
+    gone: list[Device] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    size: int = 0
+    slow: list[tuple[str, float]] = field(default_factory=list)
 
 
 class ResourceWatch:
@@ -218,6 +91,10 @@ class ResourceWatch:
         self.sizes: dict[str, int] = {}  # wire size of each device of the last scan, as scanned
         self.unusable: str | None = None  # why the directory could not be listed last time
         self.cut: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the last fit's (demoted, dropped)
+        self.ids: tuple[str, ...] = ()  # current's IDs, for bisect
+        self.size = 0  # the exact encoded size of the last fitted snapshot (its seq the widest)
+        self.unhealthy = 0  # current.count(UNHEALTHY)
+        self.racy: dict[str, int] = {}  # name -> settles_ns of the cache entries not trusted yet
         self.follow_up: float | None = None  # monotonic time of a rescan that racy entries or a retry need
         # Longest file name that still leaves room for the replica suffix "::<n>".
         suffix = len(f"{devices.REPLICA_SEPARATOR}{resource.replicas - 1}") if resource.replicas > 1 else 0
@@ -264,16 +141,71 @@ class ResourceWatch:
                 problems[device_id] = known.device.problem
         self.cache = cache
         self.sizes = {i: c.size for i, c in cache.items()}
-        settles_in = max(0.0, (max(settles) - time.time_ns()) / 1e9) if settles else None
-        return ScanOutcome(devices.DeviceSet.of(found), present, problems, settles_in=settles_in, slow=tuple(slow))
+        self.racy = {i: c.settles_ns for i, c in cache.items() if c.settles_ns is not None}
+        found_set = devices.DeviceSet.of(found)
+        return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow))
 
-    def report(self, problems: dict[str, str]) -> int:
+    def settles_in(self) -> float | None:
+        """Seconds until every racy entry can be trusted; None when none is racy."""
+        return max(0.0, (max(self.racy.values()) - time.time_ns()) / 1e9) if self.racy else None
+
+    @property
+    def whole(self) -> bool:
+        """Is `current` all of the directory as listed (listed, usable, nothing cut)? Then a rescan may
+        read only the names the events gave."""
+        return self.current is not None and self.present is True and self.unusable is None and self.cut == ((), ())
+
+    def rescan_names(self, names: Iterable[str], *, clock: Callable[[], float] = time.monotonic) -> Moved:
+        """Read again only `names` (what inotify named, or the racy entries): what changed against `current`.
+
+        The level-triggered rule per name: whatever the events said, the file is
+        looked at now; a name that is not a regular file is no device.
+        """
+        moved = Moved(problems=dict(self.warned), names=sorted(set(names)))
+        for name in moved.names:
+            moved.problems.pop(name, None)
+            known, path = self.cache.get(name), os.path.join(self.resource.device_dir, name)
+            problem = devices.id_problem(name)
+            if problem is None and len(name) > self.max_id:
+                problem = f"longer than {self.max_id} characters (room for the replica suffix)"
+            found = None
+            if problem is not None:
+                if is_regular_file(path):
+                    moved.problems[name] = problem
+            else:
+                started = clock()
+                found = read_device(name, path, known)
+                if clock() - started > SLOW_READ_S:
+                    moved.slow.append((name, clock() - started))
+            self.racy.pop(name, None)
+            if found is None:
+                if known is not None:
+                    del self.cache[name], self.sizes[name]
+                    moved.removed.append(name)
+                    moved.gone.append(known.device)
+                    moved.size -= known.size
+                continue
+            self.cache[name], self.sizes[name] = found, found.size
+            if found.settles_ns is not None:
+                self.racy[name] = found.settles_ns
+            if found.device.problem:
+                moved.problems[name] = found.device.problem
+            if known is None or known.device != found.device:
+                moved.came.append(found.device)
+                moved.size += found.size
+                if known is not None:
+                    moved.gone.append(known.device)
+                    moved.size -= known.size
+        return moved
+
+    def report(self, problems: dict[str, str], names: Iterable[str] | None = None) -> int:
         """Log what changed in this scan's problems (once per problem, again if it comes back later).
 
-        Returns how many names were newly skipped as not valid device IDs.
+        Only `names` (None: all) can have changed. Returns how many names were newly skipped as not valid IDs.
         """
         skipped = 0
-        for name, problem in sorted(problems.items()):
+        for name in sorted(problems) if names is None else [n for n in names if n in problems]:
+            problem = problems[name]
             if self.warned.get(name) != problem:
                 if name in self.cache:
                     LOG.warning(
@@ -313,23 +245,28 @@ class Discovery(watch.WatcherLoop):
         return next(iter(self.watches.values())).current
 
     def rescan(
-        self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None
-    ) -> None:
+        self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
+        whole: Iterable[str] = ("*",),
+    ) -> None:  # fmt: skip
         """`reason` is one of start, inotify, overflow, periodic, directory, followup (a metrics label).
 
         `watches` (default: all) are listed again; `dirty` names the files, per
-        resource, whose content may have changed (None: stat every file). The
+        resource, whose content may have changed (None: stat every file); a resource
+        not in `whole` (default "*": all) has had only those files changed. The
         loop boundary of one resource: whatever its rescan raises is logged in
         one line and counted, and the resource is tried again soon.
         """
         self.stats.count(f"rescans.{reason}")
         LOG.debug("rescan", reason=reason)
         targets = list(self.watches.values()) if watches is None else list(watches)
+        listed = set(whole)
         if watches is None:
             self.next_rescan = self.clock() + self.cfg.rescan_interval
         for rw in targets:
             try:
-                self._rescan_one(rw, reason, None if dirty is None else dirty.get(rw.resource.name, set()))
+                name = rw.resource.name
+                names = None if dirty is None else dirty.get(name, set())
+                self._rescan_one(rw, reason, names, "*" in listed or name in listed)
             except Exception as exc:  # noqa: BLE001 - the loop boundary: one resource must not stop the others
                 frame = traceback.extract_tb(exc.__traceback__)[-1]
                 LOG.error(
@@ -342,35 +279,71 @@ class Discovery(watch.WatcherLoop):
                 self.stats.count("input.rescan_failed")
                 rw.follow_up = self.clock() + UNUSABLE_RETRY_S
 
-    def _rescan_one(self, rw: ResourceWatch, reason: str, dirty: set[str] | None) -> None:
+    def _rescan_one(self, rw: ResourceWatch, reason: str, dirty: set[str] | None, whole: bool = True) -> None:
+        """Rescan `rw`: only the `dirty` names when the events named them all (not `whole`) and the set
+        held is the whole directory, else list it again (re-reading `dirty` and the untrusted entries)."""
+        if dirty is not None and not whole and rw.whole:
+            self._rescan_named(rw, reason, dirty)
+            return
         scanned = rw.scan(dirty, clock=self.clock)
         self._note_directory(rw, scanned.unusable)
-        for name, took in scanned.slow:
-            LOG.warning("device file slow to read", resource=rw.resource.name, device=name, seconds=round(took, 3))
-            self.stats.count("input.slow_read")
+        self._note_slow(rw, scanned.slow)
         if scanned.unusable is None:
             self.stats.count("input.bad_name", rw.report(scanned.problems))
-        if scanned.unusable is not None:
-            rw.follow_up = self.clock() + UNUSABLE_RETRY_S
-        elif scanned.settles_in is not None:
-            rw.follow_up = self.clock() + min(scanned.settles_in, self.cfg.rescan_interval)
-        else:
-            rw.follow_up = None
+        self._schedule(rw, scanned.unusable, scanned.settles_in)
         present = scanned.present
         unsized = messages.DeviceSnapshot(self.epoch, 0, scanned.devices, present, rw.resource.name)
         fitted = fit_the_queue(unsized, rw.sizes)
         self._note_cut(rw, fitted)
         found = fitted.devices
+        rw.size = fitted.size
         if found == rw.current and present == rw.present:
             return
         previous = rw.current or devices.DeviceSet()
+        change = devices.diff(previous, found)
+        came = [found.by_id[i] for i in sorted((*change.added, *change.changed))]
+        gone = [previous.by_id[i] for i in (*change.removed, *change.changed)]
+        self._publish(rw, reason, found, found.ids, present, change, came, gone, found.count(UNHEALTHY))
+
+    def _rescan_named(self, rw: ResourceWatch, reason: str, names: set[str]) -> None:
+        """The O(change) rescan: read `names` again, move them in the held set, fit by arithmetic."""
+        assert rw.current is not None
+        moved = rw.rescan_names(names, clock=self.clock)
+        self._note_slow(rw, moved.slow)
+        self.stats.count("input.bad_name", rw.report(moved.problems, moved.names))
+        self._schedule(rw, None, rw.settles_in())
+        if not moved.came and not moved.removed:
+            return
+        held, ids = list(rw.current.devices), list(rw.ids)
+        snapshots.move_sorted(held, ids, moved.removed, moved.came)
+        found = devices.DeviceSet(tuple(held))
+        # snapshot_size(): the header, each entry, a comma between two entries.
+        size = rw.size + moved.size + max(len(held) - 1, 0) - max(len(rw.current) - 1, 0)
+        if size > messages.MAX_MESSAGE_BYTES:  # the cut is computed over the whole set, as at a full scan
+            self._rescan_one(rw, reason, set())
+            return
+        rw.size = size
+        upserted = {d.device_id for d in moved.came}
+        change = devices.DeviceDiff(
+            added=tuple(sorted(upserted - {d.device_id for d in moved.gone})),
+            removed=tuple(moved.removed),
+            changed=tuple(sorted(upserted & {d.device_id for d in moved.gone})),
+        )
+        sick = sum(d.health == UNHEALTHY for d in moved.came) - sum(d.health == UNHEALTHY for d in moved.gone)
+        self._publish(rw, reason, found, tuple(ids), True, change, moved.came, moved.gone, rw.unhealthy + sick)
+
+    def _publish(
+        self, rw: ResourceWatch, reason: str, found: devices.DeviceSet, ids: tuple[str, ...], present: bool,
+        change: devices.DeviceDiff, came: list[Device], gone: list[Device], unhealthy: int,
+    ) -> None:  # fmt: skip
+        """Send `found` (`came` sorted by ID, `gone` what they replaced or what left), then log it."""
         seq = self.next_seq()
         snapshot = messages.DeviceSnapshot(self.epoch, seq, found, present, rw.resource.name)
-        change = devices.diff(previous, found)
         delta = None
         if rw.current is not None:
-            delta, rw.digest = snapshots.delta(previous, rw.digest, snapshot, rw.seq, change)
-        rw.current, rw.present, rw.seq = found, present, seq
+            digest = messages.set_digest(rw.current) if rw.digest is None else rw.digest
+            delta, rw.digest = snapshots.moved_delta(digest, snapshot, rw.seq, came, gone, change.removed)
+        rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
         LOG.info(
@@ -378,7 +351,7 @@ class Discovery(watch.WatcherLoop):
             resource=rw.resource.name,
             reason=reason,
             devices=len(found),
-            unhealthy=found.count(UNHEALTHY),
+            unhealthy=unhealthy,
             added=len(change.added),
             removed=len(change.removed),
             changed=len(change.changed),
@@ -392,6 +365,20 @@ class Discovery(watch.WatcherLoop):
                 removed=",".join(change.removed),
                 changed=",".join(change.changed),
             )
+
+    def _note_slow(self, rw: ResourceWatch, slow: Iterable[tuple[str, float]]) -> None:
+        for name, took in slow:
+            LOG.warning("device file slow to read", resource=rw.resource.name, device=name, seconds=round(took, 3))
+            self.stats.count("input.slow_read")
+
+    def _schedule(self, rw: ResourceWatch, unusable: str | None, settles_in: float | None) -> None:
+        """The follow-up rescan an unusable directory (a retry) or racy entries (a re-read) need."""
+        if unusable is not None:
+            rw.follow_up = self.clock() + UNUSABLE_RETRY_S
+        elif settles_in is not None:
+            rw.follow_up = self.clock() + min(settles_in, self.cfg.rescan_interval)
+        else:
+            rw.follow_up = None
 
     def _note_directory(self, rw: ResourceWatch, unusable: str | None) -> None:
         """One line when a directory becomes unusable (or fails differently), one when it heals."""
@@ -431,6 +418,7 @@ class Discovery(watch.WatcherLoop):
             return
         overflow = False
         touched: dict[str, set[str]] = {}
+        whole: set[str] = set()  # resources with an event that names no file in them: list them again
         for event in events:
             overflow = overflow or event.overflow
             for name, rw in self.watches.items():
@@ -439,6 +427,8 @@ class Discovery(watch.WatcherLoop):
                     names = touched.setdefault(name, set())
                     if event.wd == rw.dir.wd and event.name:
                         names.add(event.name)
+                    else:
+                        whole.add(name)
         moved = [rw for rw in self.watches.values() if rw.dir.ensure()]
         if overflow:
             self.rescan("overflow")
@@ -446,7 +436,7 @@ class Discovery(watch.WatcherLoop):
             self.rescan("periodic")
         else:
             if touched:
-                self.rescan("inotify", [self.watches[n] for n in touched], touched)
+                self.rescan("inotify", [self.watches[n] for n in touched], touched, whole)
             if moved:
                 self.rescan("directory", moved)
         now = self.clock()
@@ -454,7 +444,7 @@ class Discovery(watch.WatcherLoop):
         # Racy entries are read again whatever `dirty` says; a directory that was unusable is stat()ed in full.
         racy_only, unusable = [rw for rw in due if rw.unusable is None], [rw for rw in due if rw.unusable is not None]
         if racy_only:
-            self.rescan("followup", racy_only, {rw.resource.name: set() for rw in racy_only})
+            self.rescan("followup", racy_only, {rw.resource.name: set(rw.racy) for rw in racy_only}, ())
         if unusable:
             self.rescan("followup", unusable)
         self.finish(self.clock())

@@ -1,6 +1,7 @@
 """The queue's streams in order: device sets as full snapshots and deltas, and which messages are news.
 
-Pure: no I/O, clock or logging. Discovery builds a DeviceDelta with `delta()`; the queue
+Pure: no I/O, clock or logging. Discovery fits a snapshot to the frame (`fit_the_queue`)
+and builds a DeviceDelta (`delta()`, `moved_delta()`); the queue
 server feeds each device message to a `Receiver` (the exact set now held, "stale", or
 "resync": the server drops that connection and the sender starts again with a full
 snapshot) and every other message to a `SequenceTracker` ((epoch, seq) must move forward).
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import bisect
 import enum
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
+from colad import messages
+from colad.constants import UNHEALTHY
 from colad.devices import Device, DeviceDiff, DeviceSet, diff
 from colad.messages import DeviceDelta, DeviceSnapshot, Message, moved_digest, set_digest
 
@@ -31,11 +35,72 @@ def delta(
     change = diff(old, new.devices) if change is None else change
     came = [new.devices.by_id[i] for i in sorted((*change.added, *change.changed))]  # decode()'s order
     gone = [old.by_id[i] for i in (*change.removed, *change.changed)]
-    digest = moved_digest(set_digest(old) if old_digest is None else old_digest, gone, came)
-    if len(came) + len(change.removed) >= max(len(new.devices), 1):
+    return moved_delta(set_digest(old) if old_digest is None else old_digest, new, base, came, gone, change.removed)
+
+
+def moved_delta(
+    old_digest: int, new: DeviceSnapshot, base: int, came: Sequence[Device], gone: Sequence[Device],
+    removed: tuple[str, ...],
+) -> tuple[DeviceDelta | None, int]:  # fmt: skip
+    """delta() from what the caller knows changed, in O(change): `came` (added or changed, sorted by ID),
+    `gone` (the devices removed or replaced), `removed` (the IDs gone, sorted)."""
+    digest = moved_digest(old_digest, gone, came)
+    if len(came) + len(removed) >= max(len(new.devices), 1):
         return None, digest
-    found = DeviceDelta(new.epoch, new.seq, base, tuple(came), change.removed, digest, new.dir_present, new.resource)
+    found = DeviceDelta(new.epoch, new.seq, base, tuple(came), removed, digest, new.dir_present, new.resource)
     return found, digest
+
+
+# The seq of a snapshot is not known when it is fitted: count it with the widest it can have.
+_MAX_SEQ = 2**63 - 1
+TOO_LARGE = "snapshot too large: file content left out to fit the queue message limit"
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A snapshot's devices cut to the queue's frame limit, measured on the exact encoded size."""
+
+    devices: DeviceSet
+    demoted: tuple[str, ...] = ()  # Unhealthy, content dropped (largest first)
+    dropped: tuple[str, ...] = ()  # left out (the last IDs), when even bare entries do not fit
+    size: int = 0
+
+
+def fit_the_queue(
+    snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = messages.MAX_MESSAGE_BYTES
+) -> Fitted:
+    """Keep `snapshot` (its seq is ignored) under `limit`: the largest devices turn Unhealthy until it fits.
+
+    `sizes` holds device_wire_size of devices already measured. Only many large
+    files get there (each is at most 64 KiB); if even their bare entries cannot
+    fit, the last IDs are left out. Deterministic: the same set gives the same cut.
+    """
+    found = snapshot.devices
+    wire = {d.device_id: sizes.get(d.device_id) or messages.device_wire_size(d) for d in found}
+    total = messages.snapshot_size(replace(snapshot, seq=_MAX_SEQ), [wire[d.device_id] for d in found])
+    if total <= limit:
+        return Fitted(found, size=total)
+    kept = {d.device_id: d for d in found}
+    demoted: list[str] = []
+    for device_id in sorted(wire, key=lambda i: (-wire[i], i)):
+        if total <= limit:
+            break
+        bare = Device(device_id, UNHEALTHY, problem=TOO_LARGE)
+        smaller = messages.device_wire_size(bare)
+        if smaller >= wire[device_id]:
+            continue
+        kept[device_id] = bare
+        total -= wire[device_id] - smaller
+        wire[device_id] = smaller
+        demoted.append(device_id)
+    dropped: list[str] = []
+    for device_id in sorted(kept, reverse=True):
+        if total <= limit:
+            break
+        total -= wire[device_id] + (1 if len(kept) > 1 else 0)
+        del kept[device_id]
+        dropped.append(device_id)
+    return Fitted(DeviceSet.of(kept.values()), tuple(demoted), tuple(sorted(dropped)), total)
 
 
 class Verdict(enum.Enum):
@@ -112,13 +177,23 @@ def _moved(held: Held, message: DeviceDelta) -> tuple[list[Device], list[str], l
         ids = sorted(by_id)
         return [by_id[i] for i in ids], ids, gone
     # A few changes: copy the sorted lists (C speed) and move only the changed entries.
-    for device_id in message.removes:
+    found = move_sorted(devices, ids, message.removes, message.upserts)
+    return found if isinstance(found, str) else (devices, ids, found)
+
+
+def move_sorted(
+    devices: list[Device], ids: list[str], removes: Iterable[str], upserts: Iterable[Device]
+) -> list[Device] | str:
+    """Remove then upsert, in place, in the ID-sorted `devices` and their `ids`: the devices that left
+    or were replaced, or why the change does not apply. O(log n) per change, plus the list moves."""
+    gone: list[Device] = []
+    for device_id in removes:
         at = bisect.bisect_left(ids, device_id)
         if at == len(ids) or ids[at] != device_id:
             return f"removed device {device_id} not held"
         gone.append(devices[at])
         del devices[at], ids[at]
-    for device in message.upserts:
+    for device in upserts:
         at = bisect.bisect_left(ids, device.device_id)
         if at < len(ids) and ids[at] == device.device_id:
             gone.append(devices[at])
@@ -126,7 +201,7 @@ def _moved(held: Held, message: DeviceDelta) -> tuple[list[Device], list[str], l
         else:
             devices.insert(at, device)
             ids.insert(at, device.device_id)
-    return devices, ids, gone
+    return gone
 
 
 def _unsynced(held: Held) -> Held:

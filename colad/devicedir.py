@@ -1,0 +1,121 @@
+"""A device directory's files as discovery reads them: the listing and the per-file read cache.
+
+Reads: the directory's entries (d_type, no stat per file) and each device file, again only
+when its inode, size or times changed and never while its timestamps are racily clean
+(git's rule). Writes nothing; devicefile.py parses the content. Neighbour: discovery.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from colad import devicefile, messages
+from colad.constants import UNHEALTHY
+from colad.devices import Device
+
+# Timestamps of a file written within one tick of our read may not change at the next write:
+# ext2/ext3 and FAT keep seconds (FAT's mtime: 2 s), and before Linux 6.13 every filesystem stamps
+# files from the coarse clock (one jiffy, up to 10 ms) whatever its resolution. Like git's "racily
+# clean" index entries, a file whose mtime or ctime is not older than the read by this window is
+# read again at every scan, and once more when the window has passed (a follow-up rescan).
+RACY_WINDOW_NS = 2_000_000_000
+
+
+def list_regular_files(path: str) -> tuple[list[str], bool]:
+    """Names of the regular files directly in `path` (symlinks, dirs, FIFOs and sockets are not devices).
+
+    Returns ([], False) when `path` is missing or not a directory; any other
+    failure to list it (ELOOP, EACCES, EIO...) raises the OSError.
+    """
+    names: list[str] = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    # d_type from getdents: no stat() per file (lstat only where d_type is unknown).
+                    if entry.is_file(follow_symlinks=False):
+                        names.append(entry.name)
+                except FileNotFoundError:
+                    continue  # removed while we listed: the next event rescans
+                except OSError:
+                    names.append(entry.name)  # cannot tell: read_device makes it Unhealthy with the reason
+    except (FileNotFoundError, NotADirectoryError):
+        return [], False
+    return names, True
+
+
+def is_regular_file(path: str) -> bool:
+    """Would list_regular_files() list `path`'s name? (An entry it cannot tell about counts.)"""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
+def racy(mtime_ns: int, ctime_ns: int, read_ns: int, window_ns: int = RACY_WINDOW_NS) -> bool:
+    """May a write after a read at `read_ns` leave these timestamps unchanged (git's racily clean)?"""
+    return max(mtime_ns, ctime_ns) >= read_ns - window_ns
+
+
+@dataclass(frozen=True)
+class Cached:
+    key: tuple[int, int, int, int] | None  # (ino, size, mtime_ns, ctime_ns); None: read again next time
+    device: Device
+    size: int  # messages.device_wire_size(device)
+    settles_ns: int | None = None  # racy until this wall-clock time: read again at every scan until then
+
+    @property
+    def trusted(self) -> bool:
+        """May the next scan skip this file unless an event names it?"""
+        return self.key is not None and self.settles_ns is None
+
+    @staticmethod
+    def of(key: tuple[int, int, int, int] | None, device: Device, read_ns: int) -> Cached:
+        settles = None
+        if key is not None and racy(key[2], key[3], read_ns):
+            settles = max(key[2], key[3]) + RACY_WINDOW_NS + 1
+        return Cached(key, device, messages.device_wire_size(device), settles)
+
+
+def read_device(
+    device_id: str, path: str, known: Cached | None, *, now_ns: Callable[[], int] = time.time_ns
+) -> Cached | None:
+    """The device in file `path`, re-read only when its identity, size or times changed; None if gone.
+
+    A key read within RACY_WINDOW_NS of its file's last change is not trusted:
+    the file is read again. An empty file is a bare healthy device (no open).
+    Anything unreadable is an Unhealthy device with the reason, never an exception.
+    """
+    read_ns = now_ns()  # before the stat: an earlier read time only makes more entries racy
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return Cached.of(None, Device(device_id, UNHEALTHY, problem=f"cannot stat: {exc.strerror}"), read_ns)
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if known is not None and known.key == key and known.settles_ns is None:
+        return known
+    if st.st_size == 0:
+        return Cached.of(key, devicefile.parse(device_id, b""), read_ns)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = os.read(fd, devicefile.MAX_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return Cached.of(key, Device(device_id, UNHEALTHY, problem=f"cannot read: {exc.strerror}"), read_ns)
+    return Cached.of(key, devicefile.parse(device_id, data), read_ns)
