@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
+from colad import cdi
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
@@ -24,6 +25,9 @@ DEFAULT_REPLICA_POLICY = REPLICA_POLICIES[0]
 # Up to this many NUMA nodes besides those of must_include, preferred() tries every
 # combination (at most 2**8 = 256); above it, it adds nodes greedily.
 EXACT_NUMA_SEARCH_LIMIT = 8
+# Allocate's CDI answer (the config key `cdi`): "both" = the classic answer plus a CDI name per
+# device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
+CDI_MODES = ("both", "only", "off")
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class ContainerAllocation:
     cdi_devices: tuple[str, ...] = ()
 
 
-def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocation:
+def allocate(
+    devices: DeviceSet, requested: Sequence[str], *, resource_name: str = "", cdi_mode: str = "off"
+) -> ContainerAllocation:
     """Validate one container request and say what the container gets.
 
     Every ID must be known and Healthy, and listed once (two replicas of one
@@ -51,6 +57,13 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
       node/mount) raise AllocationError naming both devices and the path.
     - envs, annotations: the union; a key several devices set gets their distinct
       values, in order of first appearance, joined with ",".
+
+    With `cdi_mode` "both", each requested ID that is a CDI device of the spec colad writes
+    (cdi.build: the resource a CDI kind, the ID a CDI name) also gets its CDI name
+    `<resource_name>=<id>`, first among the CDI names. With "only", such a device contributes
+    its CDI name in place of its device nodes, mounts and envs (the spec carries them); COLA_*,
+    annotations and the device files' own cdi_devices stay, and a device without a CDI name
+    keeps the classic answer. The path-conflict check covers every device either way.
     """
     if not requested:
         raise AllocationError("container request names no devices")
@@ -77,10 +90,14 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
                     f"devices {held[1]!r} and {device.device_id!r} need different entries "
                     f"for container path {entry.container_path!r}"
                 )
-    entries = [entry for entry, _ in claimed.values()]
+    own_cdi = {d.device_id: cdi.device_name(resource_name, d.device_id) for d in chosen if _in_spec(resource_name, d)}
+    own_cdi = own_cdi if cdi_mode in ("both", "only") else {}
+    classic = [d for d in chosen if cdi_mode != "only" or d.device_id not in own_cdi]
+    # The classic devices' entries, identical ones once (the check above made one entry per path).
+    entries = list(dict.fromkeys(e for d in classic for e in (*d.device_nodes, *d.mounts)))
 
     # The parser refuses COLA_* keys in device files; colad's own still win, should one slip in.
-    envs = _merge(d.envs for d in chosen)
+    envs = _merge(d.envs for d in classic)
     envs[COLA_DEVICES_ENV] = ",".join(dict.fromkeys(base_id(i) for i in requested))
     if any(base_id(i) != i for i in requested):
         envs[COLA_REPLICAS_ENV] = ",".join(requested)
@@ -90,8 +107,13 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
         device_nodes=tuple(e for e in entries if isinstance(e, DeviceNode)),
         mounts=tuple(e for e in entries if isinstance(e, Mount)),
         annotations=_merge(d.annotations for d in chosen),
-        cdi_devices=tuple(dict.fromkeys(name for d in chosen for name in d.cdi_devices)),
+        cdi_devices=tuple(dict.fromkeys([*own_cdi.values(), *(name for d in chosen for name in d.cdi_devices)])),
     )
+
+
+def _in_spec(resource_name: str, device: Device) -> bool:
+    """Whether cdi.build puts `device` into the resource's spec, so its CDI name resolves."""
+    return cdi.kind_problem(resource_name) is None and cdi.name_problem(device.device_id) is None
 
 
 def _merge(tables: Iterable[tuple[tuple[str, str], ...]]) -> dict[str, str]:

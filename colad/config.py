@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import stat
 import tomllib
 from collections.abc import Callable, Mapping
@@ -18,25 +19,34 @@ from typing import Any
 
 from colad import constants
 from colad.allocation import DEFAULT_REPLICA_POLICY
+from colad.cdi import kind_problem as cdi_kind_problem
 from colad.config_checks import (
+    CDI_MODES,
     address_problem,
     alias_problems,
     bare_dots,
+    command_problem,
+    expiry_problem,
+    in_flight_problem,
+    label_prefix_problem,
     level_problem,
     max_devices_in_list,
     path_problem,
     policy_problem,
     positive_problem,
+    prepare_timeout_problem,
     show,
     show_key,
     show_path,
     socket_dir_problem,
     socket_file_problem,
+    spec_dir_problem,
     text_problem,
 )
 from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.errors import ConfigError
 from colad.names import DEFAULT_RESOURCE_NAME, resource_name_problem
+from colad.nfd import label_problem as nfd_label_problem
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
@@ -62,7 +72,12 @@ RESTART_ONLY = (
     "pod_resources_interval",
 )
 # The keys of the single resource described by top-level keys; a [[resources]] list replaces them.
-SINGLE_RESOURCE_KEYS = ("resource_name", "device_dir", "replicas", "replica_policy")
+SINGLE_RESOURCE_KEYS = (
+    "resource_name", "device_dir", "replicas", "replica_policy",
+    "probe", "probe_timeout", "probe_interval", "prepare", "prepare_timeout",
+)  # fmt: skip
+# Prepare: well below the kubelet's 30 s PreStartContainer deadline, so a hung command is answered.
+DEFAULT_PROBE_TIMEOUT, DEFAULT_PROBE_INTERVAL, DEFAULT_PREPARE_TIMEOUT = 5.0, 30.0, 10.0
 
 
 @dataclass(frozen=True, order=True)
@@ -75,6 +90,18 @@ class Resource:
     replicas: int = 1
     # How GetPreferredAllocation places replicas: "spread" over devices, or "pack" onto few.
     replica_policy: str = DEFAULT_REPLICA_POLICY
+    # Health probe (argv, no shell; () = none) run per device with its timeout and interval in seconds.
+    probe: tuple[str, ...] = ()
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    probe_interval: float = DEFAULT_PROBE_INTERVAL
+    # Prepare command (argv, no shell; () = none) PreStartContainer runs with the device IDs.
+    prepare: tuple[str, ...] = ()
+    prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT
+
+    @property
+    def pre_start_required(self) -> bool:
+        """Only a resource with a prepare command asks for PreStartContainer (read at Register only)."""
+        return bool(self.prepare)
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,26 @@ class Config:
     pod_resources_socket: str = constants.POD_RESOURCES_SOCKET
     # Seconds between PodResources List calls.
     pod_resources_interval: float = 10.0
+    # Allocate's CDI answer: "both", "only" or "off" (allocation.allocate); "off" also writes no spec.
+    cdi: str = "both"
+    # Where discovery writes each resource's CDI spec (colad-<vendor>-<class>.json).
+    cdi_spec_dir: str = "/var/run/cdi"
+    # A device whose required device-node or mount host paths are missing is Unhealthy.
+    host_path_check: bool = True
+    # Probes running at once, over every resource (the rest wait their turn).
+    probe_max_in_flight: int = 4
+    # The single resource's probe / prepare settings (see Resource); [[resources]] tables set their own.
+    probe: tuple[str, ...] = ()
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    probe_interval: float = DEFAULT_PROBE_INTERVAL
+    prepare: tuple[str, ...] = ()
+    prepare_timeout: float = DEFAULT_PREPARE_TIMEOUT
+    # Node Feature Discovery feature file ("" = none), and the label prefix ("" = NFD's own).
+    nfd_features_file: str = ""
+    nfd_label_prefix: str = ""
+    # Seconds after which NFD drops colad's labels unless the file is rewritten: a node whose colad
+    # is gone for good stops claiming devices. Discovery rewrites it at least every third of this.
+    nfd_expiry: float = 3600.0
     # Path of the file this config was read from ("" = none), for `colad supervise`.
     config_file: str = ""
     # The file's [[resources]] tables; empty = the one resource of the top-level keys.
@@ -114,7 +161,12 @@ class Config:
         """Every resource this daemon advertises, in config order."""
         if self.resource_tables:
             return self.resource_tables
-        return (Resource(self.resource_name, self.device_dir, self.replicas, self.replica_policy),)
+        return (
+            Resource(
+                self.resource_name, self.device_dir, self.replicas, self.replica_policy,
+                self.probe, self.probe_timeout, self.probe_interval, self.prepare, self.prepare_timeout,
+            ),
+        )  # fmt: skip
 
     @property
     def kubelet_socket(self) -> str:
@@ -141,7 +193,7 @@ class Config:
         names = [f.name for f in _settable_fields() if not pinned_only or f.name in self.pinned]
         if self.resource_tables:  # the file's list stands for these; exporting them would be a conflict
             names = [n for n in names if n not in SINGLE_RESOURCE_KEYS]
-        env = {ENV_PREFIX + name.upper(): str(getattr(self, name)) for name in names}
+        env = {ENV_PREFIX + name.upper(): _export(getattr(self, name)) for name in names}
         if self.config_file:
             env["COLAD_CONFIG"] = self.config_file
         return env
@@ -150,8 +202,16 @@ class Config:
 ENV_PREFIX = "COLAD_"
 
 
+def _export(value: object) -> str:
+    """A value as its COLAD_* variable: a command as a shell-quoted line (read back with shlex.split)."""
+    return shlex.join(value) if isinstance(value, tuple) else str(value)
+
+
 def _settable_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
 def _replicas_problem(value: int) -> str | None:
@@ -176,6 +236,17 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "replica_policy": policy_problem,
     "pod_resources_socket": lambda v: None if v == "" else socket_file_problem(v),
     "pod_resources_interval": positive_problem,
+    "cdi": lambda v: None if v in CDI_MODES else "must be one of " + ", ".join(CDI_MODES),
+    "cdi_spec_dir": spec_dir_problem,
+    "probe_max_in_flight": in_flight_problem,
+    "probe": command_problem,
+    "probe_timeout": positive_problem,
+    "probe_interval": positive_problem,
+    "prepare": command_problem,
+    "prepare_timeout": prepare_timeout_problem,
+    "nfd_features_file": lambda v: None if v == "" else path_problem(v),
+    "nfd_label_prefix": label_prefix_problem,
+    "nfd_expiry": expiry_problem,
 }
 
 
@@ -203,6 +274,12 @@ def _convert(field: dataclasses.Field[Any], raw: object) -> object:
         if isinstance(raw, bool) or isinstance(raw, float):
             raise ValueError("must be a whole number")
         return int(str(raw).strip()) if isinstance(raw, str) else int(raw)  # type: ignore[call-overload]
+    if kind is tuple:  # a command: a list of strings in the file, a shell-quoted line in the environment
+        if isinstance(raw, str):
+            return tuple(shlex.split(raw))
+        if isinstance(raw, list | tuple) and all(isinstance(a, str) for a in raw):
+            return tuple(raw)
+        raise ValueError("must be a list of strings (the command and its arguments)")
     if not isinstance(raw, str):
         raise ValueError("must be a string")
     return raw
@@ -302,11 +379,16 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             continue
         final[name] = value
     failed = set(values) - set(final)
+    if isinstance(final.get("run_dir"), str):
+        # supervise.py joins names to it in supervisord.conf: "/run/colad/" would give "//" paths there
+        # that supervisord reads back as other paths than the ones colad dials.
+        final["run_dir"] = str(final["run_dir"]).rstrip("/") or "/"
     if "log_level" in final:
         final["log_level"] = str(final["log_level"]).upper()
     pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
     cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
     problems.extend(_directory_problems(cfg, labels, sources, source, failed))
+    problems.extend(_resource_name_problems(cfg, sources, failed))
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
         if len(problems) > len(shown):
@@ -316,7 +398,20 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     return cfg
 
 
-_RESOURCE_KEYS = ("name", "device_dir", "replicas", "replica_policy")
+_RESOURCE_KEYS = ("name", "device_dir", "replicas", "replica_policy") + SINGLE_RESOURCE_KEYS[4:]
+
+
+def _table_value(key: str, value: object) -> tuple[object, str | None]:
+    """A [[resources]] table's value converted like the top-level key of the same name, or a problem."""
+    if key in ("name", "device_dir", "replica_policy"):
+        return value, None if isinstance(value, str) else "must be a string"
+    if key == "replicas":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return value, None if ok else "must be a whole number"
+    try:
+        return _convert(_FIELDS[key], value), None
+    except (TypeError, ValueError, OverflowError) as exc:
+        return value, str(exc)
 
 
 def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tuple[Resource, ...], list[str]]:
@@ -330,6 +425,7 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
     if len(raw) > MAX_RESOURCES:
         problems.append(f"resources ({source}): at most {MAX_RESOURCES} resources")
         return (), []
+    defaults = Resource("", "")
     result: list[Resource] = []
     labels: list[str] = []
     for index, table in enumerate(raw):
@@ -340,23 +436,20 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
         for key in ("name", "device_dir"):
             if key not in table:
                 problems.append(f"{where}.{key} ({source}): required")
-        name, device_dir = table.get("name"), table.get("device_dir")
-        replicas, policy = table.get("replicas", 1), table.get("replica_policy", DEFAULT_REPLICA_POLICY)
-        checks: tuple[tuple[str, object, type, Callable[[Any], str | None]], ...] = (
-            ("name", name, str, resource_name_problem),
-            ("device_dir", device_dir, str, path_problem),
-            ("replicas", replicas, int, _replicas_problem),
-            ("replica_policy", policy, str, policy_problem),
-        )
-        for key, value, kind, check in checks:
-            if key not in table and key in ("name", "device_dir"):
+        values: dict[str, object] = {}
+        for key in _RESOURCE_KEYS:
+            if key not in table:
                 continue
-            if not isinstance(value, kind) or isinstance(value, bool):
-                problems.append(f"{where}.{key} ({source}): must be a {'whole number' if kind is int else 'string'}")
-            elif (problem := check(value)) is not None:
-                problems.append(f"{where}.{key} ({source}): {show(value)} {problem}")
+            value, problem = _table_value(key, table[key])
+            check = _CHECKS["resource_name" if key == "name" else key]
+            if problem is None and (why := check(value)) is not None:
+                problem = f"{show(value)} {why}"
+            if problem is not None:
+                problems.append(f"{where}.{key} ({source}): {problem}")
+            values[key] = value
         if len(problems) == before:
-            result.append(Resource(str(name), str(device_dir), int(replicas), str(policy)))
+            fields = {k: values.get(k, getattr(defaults, k)) for k in _RESOURCE_KEYS if k != "name"}
+            result.append(Resource(name=str(values["name"]), **fields))  # type: ignore[arg-type]
             labels.append(where)
     seen: set[str] = set()
     for resource in result:  # directories: see _directory_problems
@@ -383,6 +476,17 @@ def _directory_problems(
         dirs = []
     own = [(k, sources.get(k, "default"), getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed]
     return alias_problems(dirs, own)
+
+
+def _resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[str]) -> list[str]:
+    """Settings a resource's name cannot carry: a CDI kind for cdi = "only", NFD label keys with the prefix."""
+    problems = []
+    for resource in cfg.resources if not failed & {"resource_name", "cdi", "nfd_label_prefix"} else ():
+        if cfg.cdi == "only" and (why := cdi_kind_problem(resource.name)) is not None:
+            problems.append(f"cdi ({sources.get('cdi', 'default')}): 'only' needs a CDI kind per resource: {why}")
+        if cfg.nfd_features_file and (why := nfd_label_problem(resource.name, cfg.nfd_label_prefix)) is not None:
+            problems.append(f"nfd_label_prefix ({sources.get('nfd_label_prefix', 'default')}): {why}")
+    return problems
 
 
 def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:

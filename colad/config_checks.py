@@ -16,9 +16,19 @@ from collections.abc import Callable, Sequence
 
 from colad import constants
 from colad.allocation import REPLICA_POLICIES
+from colad.devices import command_problem as devices_command_problem
 from colad.devices import replica_suffix_length
+from colad.nfd import label_problem
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Allocate's CDI answer (allocation.py): today's answer plus CDI names, CDI names alone, or none.
+CDI_MODES = ("both", "only", "off")
+# The kubelet gives PreStartContainer 30 s (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/constants.go
+# KubeletPreStartContainerRPCTimeoutInSecs); colad's own deadline must end first, so the kubelet
+# gets colad's answer (naming the device and the reason) rather than its own DeadlineExceeded.
+PRE_START_DEADLINE = 30.0
+PRE_START_MARGIN = 2.0  # killing the command's process group and answering take this at most
+MAX_PROBES_IN_FLIGHT = 64
 
 
 def show(value: object, limit: int = 80) -> str:
@@ -163,6 +173,41 @@ def level_problem(value: str) -> str | None:
 
 def positive_problem(value: float) -> str | None:
     return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
+
+
+def command_problem(value: tuple[str, ...]) -> str | None:
+    """Why `value` cannot be a probe or prepare command, or None (devices.command_problem, plus text rules)."""
+    for i, arg in enumerate(value):
+        if problem := text_problem(arg):
+            return f"argument {i} {problem}"
+    return devices_command_problem(value)
+
+
+def prepare_timeout_problem(value: float) -> str | None:
+    limit = PRE_START_DEADLINE - PRE_START_MARGIN
+    if 0 < value <= limit:
+        return None
+    wait = f"the kubelet waits {PRE_START_DEADLINE:g} s"
+    return f"must be a number of seconds greater than 0 and at most {limit:g} ({wait})"
+
+
+def in_flight_problem(value: int) -> str | None:
+    return None if 1 <= value <= MAX_PROBES_IN_FLIGHT else f"must be a whole number from 1 to {MAX_PROBES_IN_FLIGHT}"
+
+
+def spec_dir_problem(value: str) -> str | None:
+    if problem := path_problem(value):
+        return problem
+    return "must not be '/'" if os.path.normpath(value) == "/" else None
+
+
+def label_prefix_problem(value: str) -> str | None:
+    """Why `value` cannot prefix colad's NFD labels ("" = NFD's feature.node.kubernetes.io), or None."""
+    return None if value == "" else label_problem("example.com/x", value)
+
+
+def expiry_problem(value: float) -> str | None:
+    return None if 60 <= value < 86400 else "must be a number of seconds from 60 to less than 86400 (a day)"
 
 
 def policy_problem(value: str) -> str | None:

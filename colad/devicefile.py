@@ -24,9 +24,12 @@ from colad.devices import HEALTH_VALUES, Device, DeviceNode, Mount, device_probl
 MAX_FILE_BYTES = MAX_DEVICE_FILE_BYTES
 FORMAT_VERSION = 1
 MAX_PROBLEM_LENGTH = 300
-_KEYS = frozenset(("version", "health", "numa_nodes", "cdi_devices", "envs", "annotations", "device_nodes", "mounts"))
-_DEVICE_NODE_KEYS = frozenset(("host_path", "container_path", "permissions"))
-_MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only"))
+_KEYS = frozenset(
+    ("version", "health", "numa_nodes", "cdi_devices", "envs", "annotations", "device_nodes", "mounts")
+    + ("probe", "prepare")
+)
+_DEVICE_NODE_KEYS = frozenset(("host_path", "container_path", "permissions", "optional"))
+_MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only", "optional"))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # tomllib builds a dotted key's tuple one part at a time and then checks every prefix of it, so a
 # key of n parts costs O(n^2): a 64 KiB `a.a.a...= 1` takes 20 s. The format's deepest key has two
@@ -103,6 +106,8 @@ def _parse(device_id: str, data: bytes) -> Device:
         envs=_map(table, "envs"),
         annotations=_map(table, "annotations"),
         cdi_devices=tuple(_list(table, "cdi_devices", str)),
+        probe=_command(table, "probe"),
+        prepare=_command(table, "prepare"),
     )
     problem = device_problem(device)
     if problem is not None:
@@ -149,6 +154,23 @@ def _map(table: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
+def _command(table: dict[str, Any], key: str) -> tuple[str, ...] | None:
+    """A probe or prepare override: None when absent (the resource's), () for none on this device."""
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _Malformed(f"{key} must be a list of strings (the command's absolute path, then its arguments)")
+    return tuple(value)
+
+
+def _optional(table: dict[str, Any], where: str) -> bool:
+    value = table.get("optional", False)
+    if not isinstance(value, bool):
+        raise _Malformed(f"{where}.optional must be true or false")
+    return value
+
+
 def _no_unknown_keys(table: dict[str, Any], known: frozenset[str], where: str) -> None:
     unknown = sorted(table.keys() - known)
     if unknown:
@@ -181,6 +203,7 @@ def _device_node(table: dict[str, Any], index: int) -> DeviceNode:
         host_path,
         _path(table, "container_path", where, host_path),
         "".join(c for c in "rwm" if c in permissions),
+        _optional(table, where),
     )
 
 
@@ -191,4 +214,4 @@ def _mount(table: dict[str, Any], index: int) -> Mount:
     read_only = table.get("read_only", True)
     if not isinstance(read_only, bool):
         raise _Malformed(f"{where}.read_only must be true or false")
-    return Mount(host_path, _path(table, "container_path", where, host_path), read_only)
+    return Mount(host_path, _path(table, "container_path", where, host_path), read_only, _optional(table, where))

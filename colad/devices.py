@@ -72,6 +72,8 @@ class DeviceNode:
     host_path: str
     container_path: str
     permissions: str = "rw"  # one of PERMISSIONS
+    # Left out (not Unhealthy) when the host path is missing (hostpaths.py); not on the queue.
+    optional: bool = False
 
 
 @dataclass(frozen=True, order=True)
@@ -81,6 +83,7 @@ class Mount:
     host_path: str
     container_path: str
     read_only: bool = True
+    optional: bool = False  # as DeviceNode.optional
 
 
 @dataclass(frozen=True, order=True)
@@ -101,6 +104,11 @@ class Device:
     annotations: tuple[tuple[str, str], ...] = ()  # sorted by key
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names vendor.com/class=name
     problem: str = ""
+    # The device file's own probe / prepare command: None = the resource's, () = none for this
+    # device. Discovery's business (probes) and, once messages.py carries it, the plugin's
+    # (prepare); never part of the queue's wire entry, so they are left out of `bare`.
+    probe: tuple[str, ...] | None = None
+    prepare: tuple[str, ...] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -108,8 +116,12 @@ class Device:
 
     @property
     def bare(self) -> bool:
-        """Only an ID and a health: what a device was before device files had content."""
-        return self == Device(self.device_id, self.health)
+        """Only an ID and a health (what a device was before device files had content), on the wire.
+
+        The local-only fields (probe, prepare, an entry's `optional`) do not count: the queue's
+        encoding of a bare device must be the same on both ends.
+        """
+        return replace(self, probe=None, prepare=None) == Device(self.device_id, self.health)
 
 
 def base_id(device_id: str) -> str:
@@ -202,6 +214,30 @@ def annotation_key_problem(key: str) -> str | None:
     return None
 
 
+MAX_COMMAND_ARGS = 64
+MAX_COMMAND_ARG_BYTES = 4096
+
+
+def command_problem(command: tuple[str, ...]) -> str | None:
+    """Why `command` cannot be a probe or prepare argv (run without a shell), or None; () means none."""
+    if not command:
+        return None
+    if len(command) > MAX_COMMAND_ARGS:
+        return f"has more than {MAX_COMMAND_ARGS} arguments"
+    for i, arg in enumerate(command):
+        if "\x00" in arg:
+            return f"argument {i} contains a NUL character"
+        try:
+            size = len(arg.encode("utf-8"))
+        except UnicodeEncodeError:
+            return f"argument {i} is not valid UTF-8"
+        if size > MAX_COMMAND_ARG_BYTES:
+            return f"argument {i} is longer than {MAX_COMMAND_ARG_BYTES} bytes"
+    if not command[0].startswith("/"):
+        return "must start with the command's absolute path (it runs without a shell and without PATH lookup)"
+    return None
+
+
 def cdi_name_problem(name: str) -> str | None:
     """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
     if len(name) > MAX_DEVICE_STRING_BYTES or not _CDI_NAME.match(name):
@@ -250,6 +286,9 @@ def device_problem(device: Device) -> str | None:
         if container_path in seen:
             return f"{key}.container_path {_show(container_path)} is already used by {seen[container_path]}"
         seen[container_path] = key
+    for key, command in (("probe", device.probe), ("prepare", device.prepare)):
+        if command is not None and (problem := command_problem(command)) is not None:
+            return f"{key} {problem}"
     for i, dn in enumerate(device.device_nodes):
         if dn.permissions not in PERMISSIONS:
             return f"device_nodes[{i}].permissions {_show(dn.permissions)} is not a non-empty combination of r, w, m"

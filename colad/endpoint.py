@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -36,7 +37,48 @@ class Servers:
     """How servers and Register calls are made: gRPC on Unix sockets unless a test says otherwise."""
 
     build: Callable[[DevicePluginServicer, str], Any] = build_server  # bound to the path, not started
-    register: Callable[[str, str, str, float], Call] = RegisterCall  # kubelet socket, endpoint, resource, timeout
+    # kubelet socket, endpoint, resource, timeout, pre_start_required
+    register: Callable[[str, str, str, float, bool], Call] = RegisterCall
+
+
+@dataclass(frozen=True)
+class ListSent:
+    """A ListAndWatch stream of server `generation` handed the kubelet list `version` (gRPC thread)."""
+
+    resource: str
+    generation: int
+    version: int
+
+
+class SentBroadcast(DeviceBroadcast):
+    """A DeviceBroadcast that remembers, per stream thread, which version it last handed out.
+
+    service.ListAndWatch takes a version (snapshot / wait_change), yields it and then reports
+    the send on the same thread: so the report can name the exact version that went out,
+    which /readyz needs ("the list the kubelet holds is the current one").
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._taken = threading.local()
+
+    def snapshot(self) -> tuple[int, DeviceSet]:
+        version, devices = super().snapshot()
+        self._taken.version = version
+        return version, devices
+
+    def wait_change(self, seen: int, generation: int, alive: Callable[[], bool]) -> tuple[int, DeviceSet] | None:
+        change = super().wait_change(seen, generation, alive)
+        self._taken.version = change[0] if change is not None else None
+        return change
+
+    def taken(self) -> int | None:
+        """The version this thread took last (None: none, or the stream is ending)."""
+        return getattr(self._taken, "version", None)
+
+    def snapshot_version(self) -> int:
+        """The version of the list the broadcast holds now (the life-cycle thread's question)."""
+        return super().snapshot()[0]
 
 
 @dataclass(frozen=True)
@@ -52,6 +94,7 @@ class Context:
     wall: Callable[[], float]
     servers: Servers
     taken: Callable[[], set[str]]  # socket paths the other endpoints serve on
+    cdi_mode: Callable[[], str] = lambda: "both"  # the config's `cdi`, read per Allocate (a reload may change it)
 
 
 class Endpoint:
@@ -61,7 +104,10 @@ class Endpoint:
         self.ctx = ctx
         self.resource = resource
         self.name = resource.name
-        self.broadcast = DeviceBroadcast()
+        self.broadcast = SentBroadcast()
+        self.sent: dict[int, int] = {}  # server generation -> the newest list version its streams sent
+        # The options the current server was registered with: a reload that changes them registers again.
+        self.pre_start_required = resource.pre_start_required
         self.state = reg.Registration(started=now)
         self.server: Any = None
         self.socket_path: str | None = None
@@ -99,7 +145,9 @@ class Endpoint:
                 identity = socket_identity(self.ctx.kubelet_socket)
                 if identity:
                     ctx = self.ctx
-                    handle = ctx.servers.register(ctx.kubelet_socket, endpoint, name, ctx.register_timeout)
+                    handle = ctx.servers.register(
+                        ctx.kubelet_socket, endpoint, name, ctx.register_timeout, self.pre_start_required
+                    )
                     self.calls[call] = handle
                     handle.add_done_callback(lambda: ctx.post(CallDone(name, call, handle)))
                 return reg.RegisterSent(call, identity)
@@ -134,8 +182,13 @@ class Endpoint:
         path = fresh_endpoint(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
         post, name = self.ctx.post, self.name
 
+        broadcast = self.broadcast
+
         def sent(g: int, count: int) -> None:
             LOG.debug("ListAndWatch sent", resource=name, generation=g, devices=count)
+            version = broadcast.taken()
+            if version is not None:
+                post(ListSent(name, g, version))
             if count == 0:
                 post(EmptyListSent(name, g))
 
@@ -145,7 +198,12 @@ class Endpoint:
             sent=sent,
         )
         policy = lambda: self.resource.replica_policy  # noqa: E731 - read per request: a reload may change it
-        servicer = DevicePluginServicer(self.broadcast, generation, events, self.ctx.metrics, name, policy)
+        prepare = lambda: (self.resource.prepare, self.resource.prepare_timeout)  # noqa: E731 - as policy
+        self.pre_start_required = self.resource.pre_start_required
+        servicer = DevicePluginServicer(
+            self.broadcast, generation, events, self.ctx.metrics, name, policy,
+            cdi_mode=self.ctx.cdi_mode, prepare=prepare, pre_start_required=self.pre_start_required,
+        )  # fmt: skip
         server = self.ctx.servers.build(servicer, path)
         server.start()
         self.server, self.socket_path = server, path
@@ -172,6 +230,20 @@ class Endpoint:
         handle.close()
         self.calls.pop(call, None)
         self.apply(reg.RegisterDone(call, error, late), now)
+
+    def list_sent(self, generation: int, version: int) -> None:
+        self.sent[generation] = max(version, self.sent.get(generation, -1))
+        for old in [g for g in self.sent if g < generation]:
+            del self.sent[old]
+
+    def list_current(self) -> bool:
+        """The current server's streams have sent the kubelet the list the broadcast holds now."""
+        return self.sent.get(self.state.generation) == self.broadcast.snapshot_version()
+
+    def options_changed(self, now: float) -> None:
+        """A reload changed pre_start_required: the kubelet takes options only at Register."""
+        if self.resource.pre_start_required != self.pre_start_required:
+            self.apply(reg.OptionsChanged(), now)
 
     def stream_changed(self, generation: int, opened: bool, now: float) -> None:
         self.apply(reg.StreamOpened(generation) if opened else reg.StreamClosed(generation), now)
@@ -243,6 +315,10 @@ class Endpoint:
             last_error=state.last_error,
             last_registered=self.last_registered,
             cut=ListCut(fit.size, fit.wanted, fit.dropped) if fit else ListCut(),
+            have_devices=state.have_devices,
+            list_sent=self.list_current() and state.live_streams() > 0,
+            kubelet=state.kubelet_identity,
+            pre_start_required=self.pre_start_required,
         )
 
 

@@ -1,7 +1,7 @@
-"""The /metrics and /healthz HTTP server of the plugin process, on the configured address.
+"""The /metrics, /healthz and /readyz HTTP server of the plugin process, on the configured address.
 
 A small threaded WSGI server (stdlib wsgiref) serving prometheus_client's
-exposition of one registry and a health callback's one line (200 or 503).
+exposition of one registry and the health and readiness callbacks' one line (200 or 503).
 It wakes only when a client connects; stop() wakes it with a connection.
 Neighbours: metrics.py (the registry), plugin.py (health and the address).
 """
@@ -48,12 +48,19 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class MetricsServer:
-    """Serves /metrics and /healthz on the configured address; `health()` says (ok, reason)."""
+    """Serves /metrics, /healthz and /readyz on the configured address; `health()`, `ready()` say (ok, reason)."""
 
-    def __init__(self, metrics: HasRegistry, address: str, health: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(
+        self,
+        metrics: HasRegistry,
+        address: str,
+        health: Callable[[], tuple[bool, str]],
+        ready: Callable[[], tuple[bool, str]] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.address = address
         self.health = health
+        self.ready = ready or health
         self.server: WSGIServer | None = None
         self.bound = ""
         self._stopping = False
@@ -63,15 +70,15 @@ class MetricsServer:
 
     def app(self, environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
         path = str(environ.get("PATH_INFO", "/"))
-        if path == "/healthz":
-            ok, reason = self.health()
+        if path in ("/healthz", "/readyz"):
+            ok, reason = self.health() if path == "/healthz" else self.ready()
             status = "200 OK" if ok else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [(reason + "\n").encode()]
         if path == "/metrics":
             return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"colad: see /metrics and /healthz\n"]
+        return [b"colad: see /metrics, /healthz and /readyz\n"]
 
     def start(self) -> bool:
         """Bind and serve in a thread; False (logged) if the address cannot be bound."""

@@ -37,8 +37,12 @@ __all__ = [
 ]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-SERVER_RESTART_REASONS = ("start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry")
+SERVER_RESTART_REASONS = (
+    "start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry", "options_changed",
+)  # fmt: skip
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
+# PreStartContainer: prepared, a prepare command failed or timed out, a device not advertised.
+PRE_START_RESULTS = ("success", "failed", "timeout", "not_found")
 PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
 
 
@@ -95,6 +99,12 @@ class Metrics:
         self.check_allocations = Counter(
             "colad_check_allocate_requests",
             "Allocate calls made by `colad check` (kept out of the allocation counters).",
+            registry=r,
+        )
+        self.pre_start_requests = Counter(
+            "colad_pre_start_requests",
+            "PreStartContainer calls by resource and result (failed/timeout: the prepare command's).",
+            ["resource", "result"],
             registry=r,
         )
         self.allocate_duration = Histogram(
@@ -197,6 +207,8 @@ class Metrics:
             self.devices.labels(resource, health).set(0)
         for result in ALLOCATE_RESULTS:
             self.allocate_requests.labels(resource, result)
+        for result in PRE_START_RESULTS:
+            self.pre_start_requests.labels(resource, result)
         for result in ("success", "failure"):
             self.registrations.labels(resource, result)
         for reason in SERVER_RESTART_REASONS:
@@ -214,6 +226,7 @@ class Metrics:
         for family, values in (
             (self.devices, [(resource, h) for h in (constants.HEALTHY, constants.UNHEALTHY)]),
             (self.allocate_requests, [(resource, r) for r in ALLOCATE_RESULTS]),
+            (self.pre_start_requests, [(resource, r) for r in PRE_START_RESULTS]),
             (self.registrations, [(resource, r) for r in ("success", "failure")]),
             (self.server_restarts, [(resource, r) for r in SERVER_RESTART_REASONS]),
             (self.device_allocations, [(resource, d) for d in sorted(self._device_ids.pop(resource, set()))]),

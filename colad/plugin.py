@@ -22,12 +22,12 @@ from colad import log, messages, proc, reload_plan, statefile
 from colad import plugin_events as ev
 from colad import registration as reg
 from colad.config import Config, Resource
-from colad.endpoint import Context, Endpoint, Servers, withdraw
+from colad.endpoint import Context, Endpoint, ListSent, Servers, withdraw
 from colad.errors import ConfigError, InstanceError
 from colad.httpserver import MetricsServer
 from colad.kubeletdir import socket_identity
 from colad.metrics import Metrics
-from colad.plugin_health import Published, verdict
+from colad.plugin_health import Published, readiness, verdict
 from colad.plugin_sockets import Sockets
 from colad.podresources import InUseWatcher
 from colad.queue import Peer
@@ -58,7 +58,7 @@ class Plugin:
         # Current state (devices, registered, streams, list size) is scraped from the published snapshot.
         self.metrics = Metrics(per_device=cfg.metrics_per_device, snapshot=lambda: self.published.state)
         self.metrics_server = (
-            MetricsServer(self.metrics, cfg.metrics_address, self.health) if cfg.metrics_address else None
+            MetricsServer(self.metrics, cfg.metrics_address, self.health, self.ready) if cfg.metrics_address else None
         )
         self.events: queue.Queue[ev.Event] = queue.Queue()
         self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
@@ -68,12 +68,14 @@ class Plugin:
             cfg.kubelet_dir, cfg.kubelet_socket, cfg.register_timeout, self.metrics, self.record,
             self.events.put, wall, servers or Servers(),
             lambda: {e.socket_path for e in self.endpoints.values() if e.socket_path},
+            lambda: self.cfg.cdi,
         )  # fmt: skip
         self.endpoints = {r.name: Endpoint(self.ctx, r, clock()) for r in cfg.resources}
         # The latest physical device set per resource, also for resources not (yet) served:
         # discovery may reload before the plugin does.
         self.snapshots: dict[str, messages.DeviceSnapshot] = {}
         self.seen_identity: str | None = None  # the last kubelet.sock we saw, to count restarts
+        self.kubelet_now = ""  # kubelet.sock's identity at the last stat() ("" absent), for /readyz
         self.next_safety_check = 0.0
         self.errors: list[float] = []
         self.last_reload: statefile.ReloadResult | None = None
@@ -100,6 +102,10 @@ class Plugin:
         """For /healthz (the HTTP thread): the published snapshot and the roles, never live fields."""
         return verdict(self.published, self.roles.problems(), self.clock())
 
+    def ready(self) -> tuple[bool, str]:
+        """For /readyz (the HTTP thread): registered, streamed, list exact; from the published snapshot."""
+        return readiness(self.published, self.clock())
+
     # The life cycle, on the owning thread.
     def publish(self) -> None:
         state = statefile.PluginState(
@@ -108,6 +114,7 @@ class Plugin:
             metrics_address=self.metrics_server.bound if self.metrics_server else "",
             config_file=self.cfg.config_file,
             reload=self.last_reload,
+            kubelet=self.kubelet_now,
         )
         published = Published(state, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
         if published != self.published:
@@ -127,6 +134,8 @@ class Plugin:
                 self.reload()
             case ev.StreamChanged(resource=name, generation=generation, opened=opened) if name in self.endpoints:
                 self.endpoints[name].stream_changed(generation, opened, now)
+            case ListSent(resource=name, generation=generation, version=version) if name in self.endpoints:
+                self.endpoints[name].list_sent(generation, version)
             case ev.CallDone(resource=name, call=call, handle=handle):
                 if name in self.endpoints:
                     self.endpoints[name].call_done(call, handle, now)
@@ -161,6 +170,7 @@ class Plugin:
         now = self.clock()
         self.next_safety_check = now + SAFETY_CHECK_INTERVAL
         identity = socket_identity(self.cfg.kubelet_socket)
+        self.kubelet_now = identity
         if identity and identity != self.seen_identity:
             if self.seen_identity is not None:
                 self.metrics.kubelet_restarts.inc()
@@ -201,6 +211,7 @@ class Plugin:
             self.endpoints[name] = Endpoint(self.ctx, wanted[name], now)
         for name in todo.changed:
             self.endpoints[name].resource = wanted[name]  # same name: same socket and registration, new devices
+            self.endpoints[name].options_changed(now)  # unless pre_start_required changed: then a new Register
         for endpoint in removed:
             endpoint.close(now)
             del self.endpoints[endpoint.name]
@@ -240,6 +251,7 @@ class Plugin:
         for endpoint in self.endpoints.values():
             endpoint.restart_clock(started)
         self.next_safety_check = started + SAFETY_CHECK_INTERVAL
+        self.kubelet_now = socket_identity(self.cfg.kubelet_socket)
         self.publish()
         self.inuse.start()  # after the first publish: it reads the resource names from the snapshot
         try:

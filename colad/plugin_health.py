@@ -1,8 +1,9 @@
-"""The plugin's /healthz verdict, from the snapshot the life-cycle thread publishes. Pure.
+"""The plugin's /healthz and /readyz verdicts, from the snapshot the life-cycle thread publishes. Pure.
 
-Healthy means: every resource registered with a live stream and an uncut list, every
+Healthy (/healthz): every resource registered with a live stream and an uncut list, every
 role RUNNING (when supervised), discovery heard from recently and the queue listening.
-Otherwise one line naming every reason. The HTTP thread calls `verdict`; nothing here locks.
+Ready (/readyz): registered with the current kubelet, streamed, and the list exact (see
+`readiness`). Otherwise one line naming every reason. The HTTP thread calls these; nothing locks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,47 @@ class Published:
     queue_problem: str = ""
 
 
+def _silent(published: Published, now: float) -> str:
+    silent = now - published.discovery_heard
+    expected = SILENT_INTERVALS * published.rescan_interval + SILENT_SLACK
+    if silent > expected:
+        return f"discovery silent for {silent:.0f}s (expected within {expected:.0f}s): list may be stale"
+    return ""
+
+
+def readiness(published: Published, now: float) -> tuple[bool, str]:
+    """(True, "ready: ...") exactly when pods may be admitted to every resource's devices, else why not.
+
+    For every resource: registered with the kubelet.sock there is now, a live ListAndWatch
+    stream of the registered server, and the list last sent on it is the complete current
+    one (discovery's, not the empty list of a start without it, not cut to fit the kubelet's
+    limit, not older than the latest change). Roles are not asked: a restarting discovery or
+    watcher does not change what the kubelet holds; a discovery gone silent does.
+    """
+    problems = []
+    state = published.state
+    if not state.resources:
+        problems.append("no resources")
+    for r in state.resources:
+        if not r.registered:
+            problems.append(f"{r.name}: not registered: {r.state}")
+        elif not state.kubelet or r.kubelet != state.kubelet:
+            problems.append(f"{r.name}: registered with an earlier kubelet, not the one on kubelet.sock now")
+        elif r.streams == 0:
+            problems.append(f"{r.name}: registered, but the kubelet holds no live ListAndWatch stream")
+        elif not r.have_devices:
+            problems.append(f"{r.name}: no device list from discovery yet")
+        elif not r.list_sent:
+            problems.append(f"{r.name}: the current device list is not yet sent to the kubelet")
+        if r.cut.dropped:
+            problems.append(f"{r.name}: list cut to {r.cut.wanted - r.cut.dropped} of {r.cut.wanted} device IDs")
+    if silent := _silent(published, now):
+        problems.append(silent)
+    if problems:
+        return False, "; ".join(problems)
+    return True, "ready: " + "; ".join(f"{r.name}, {r.devices} devices" for r in state.resources)
+
+
 def verdict(published: Published, roles: list[str] | None, now: float) -> tuple[bool, str]:
     """(True, "ok: ...") or (False, every problem); `roles` names roles not RUNNING, None when unsupervised."""
     problems = []
@@ -44,10 +86,8 @@ def verdict(published: Published, roles: list[str] | None, now: float) -> tuple[
                 f"to fit the kubelet's {constants.KUBELET_MAX_RECV_MESSAGE_BYTES} byte message limit"
             )
     problems.extend(roles or ())
-    silent = now - published.discovery_heard
-    expected = SILENT_INTERVALS * published.rescan_interval + SILENT_SLACK
-    if silent > expected:
-        problems.append(f"discovery silent for {silent:.0f}s (expected within {expected:.0f}s): list may be stale")
+    if silent := _silent(published, now):
+        problems.append(silent)
     if published.queue_problem:
         problems.append(f"queue not listening: {published.queue_problem}")
     if problems:

@@ -131,6 +131,11 @@ class Timer:
 
 
 @dataclass(frozen=True)
+class OptionsChanged:
+    """A reload changed the plugin options (pre_start_required): the kubelet reads them at Register."""
+
+
+@dataclass(frozen=True)
 class Withdraw:
     """Shutdown or removal by a reload: send the kubelet an empty list before the socket goes."""
 
@@ -151,6 +156,7 @@ Event = (
     | StreamClosed
     | KubeletSeen
     | Timer
+    | OptionsChanged
     | Withdraw
     | Shutdown
 )
@@ -299,6 +305,10 @@ def step(state: Registration, event: Event, now: float) -> Step:
                 state = _register(state, effects, f"plugin socket removed ({reason})", "socket_removed", fresh=True)
         case Timer():
             state = _on_timer(state, effects, now)
+        case OptionsChanged():
+            if state.phase is not Phase.STARTING and not state.withdrawing:
+                # A fresh socket: the kubelet must dial a new endpoint to read the new options.
+                state = _register(state, effects, "plugin options changed", "options_changed", fresh=True)
         case Withdraw():
             if state.phase is Phase.REGISTERED and state.live_streams() > 0 and not state.withdrawing:
                 state = replace(state, withdrawing=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import grpc
 
-from colad import allocation, constants, log
+from colad import allocation, constants, log, prestart
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.devices import Device, DeviceSet, replica_id
@@ -30,7 +30,9 @@ LOG = log.get(__name__)
 MAX_STREAMS = 4
 WORKERS = MAX_STREAMS + 8
 
-OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+def plugin_options(pre_start_required: bool) -> pb.DevicePluginOptions:
+    """The options of a resource: in its Register request and from GetDevicePluginOptions, the same."""
+    return pb.DevicePluginOptions(pre_start_required=pre_start_required, get_preferred_allocation_available=True)
 
 
 class DeviceBroadcast:
@@ -233,8 +235,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         metrics: Metrics,
         resource: str = "myway5.com/cola",
         policy: Callable[[], str] = lambda: "spread",
+        *,
+        cdi_mode: Callable[[], str] = lambda: "off",
+        prepare: Callable[[], tuple[tuple[str, ...], float]] = lambda: ((), 0.0),  # command, timeout
+        pre_start_required: bool = False,  # fixed per server: the kubelet took it at Register
     ) -> None:
         self.broadcast = broadcast
+        self.cdi_mode = cdi_mode
+        self.prepare = prepare
+        self.options = plugin_options(pre_start_required)
         self.metrics = metrics
         self.resource = resource
         self.policy = policy
@@ -244,7 +253,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._lock = threading.Lock()
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
-        return OPTIONS
+        return self.options
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         with self._lock:
@@ -278,7 +287,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             try:
                 if not request.container_requests:
                     raise AllocationError("Allocate request has no container requests")
-                results = [allocation.allocate(devices, list(c.devices_ids)) for c in request.container_requests]
+                mode = self.cdi_mode()
+                results = [
+                    allocation.allocate(devices, list(c.devices_ids), resource_name=self.resource, cdi_mode=mode)
+                    for c in request.container_requests
+                ]
             except AllocationError as exc:
                 code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
                 if check:
@@ -328,6 +341,37 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
+        """Run the prepare command(s) of the container's devices; an error names the devices and the reason."""
+        started = time.perf_counter()
+        command, timeout = self.prepare()
+        requested = list(request.devices_ids)
+        try:
+            steps = prestart.plan(self.resource, command, self.broadcast.devices, requested)
+        except prestart.UnknownDevice as exc:
+            self.metrics.pre_start_requests.labels(self.resource, "not_found").inc()
+            LOG.warning("prepare refused", resource=self.resource, device=str(exc), reason="unknown device")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"PreStartContainer: unknown device {str(exc)!r}")
+        # The kubelet's own deadline (30 s) may be nearer than ours when it has waited for a turn.
+        remaining = context.time_remaining()
+        budget = timeout if remaining is None else min(timeout, remaining - prestart.ANSWER_MARGIN)
+        deadline = time.monotonic() + budget
+        for step in steps:
+            result = prestart.run(step, max(0.0, deadline - time.monotonic()))
+            if not result.ok:
+                outcome = "timeout" if result.timed_out else "failed"
+                self.metrics.pre_start_requests.labels(self.resource, outcome).inc()
+                devices = ",".join(step.device_ids)
+                LOG.warning(
+                    "prepare failed", resource=self.resource, devices=devices, command=step.argv[0],
+                    reason=result.reason,
+                )  # fmt: skip
+                message = f"prepare command {step.argv[0]} failed for device {devices}: {result.reason}"
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+        self.metrics.pre_start_requests.labels(self.resource, "success").inc()
+        LOG.info(
+            "prepared", resource=self.resource, devices=",".join(requested), commands=len(steps),
+            seconds=f"{time.perf_counter() - started:.3f}",
+        )  # fmt: skip
         return pb.PreStartContainerResponse()
 
 
@@ -346,11 +390,16 @@ def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Serve
 class RegisterCall:
     """One Register call in flight; the lifecycle thread owns it and closes it."""
 
-    def __init__(self, kubelet_socket: str, endpoint: str, resource_name: str, timeout: float) -> None:
+    def __init__(
+        self, kubelet_socket: str, endpoint: str, resource_name: str, timeout: float, pre_start_required: bool = False
+    ) -> None:
         self.channel = grpc.insecure_channel("unix:" + kubelet_socket)
         stub = pb_grpc.RegistrationStub(self.channel)
         request = pb.RegisterRequest(
-            version=constants.VERSION, endpoint=endpoint, resource_name=resource_name, options=OPTIONS
+            version=constants.VERSION,
+            endpoint=endpoint,
+            resource_name=resource_name,
+            options=plugin_options(pre_start_required),
         )
         # Fail fast when nobody listens: kubelet.sock appearing is reported by the watcher.
         self.future = stub.Register.future(request, timeout=timeout, wait_for_ready=False)

@@ -53,6 +53,10 @@ class ResourceState:
     last_error: str = ""
     last_registered: float = 0.0  # wall time of the last successful Register; 0: never
     cut: ListCut = field(default_factory=ListCut)
+    have_devices: bool = False  # discovery's list arrived (not registered empty after the initial wait)
+    list_sent: bool = False  # a live stream of the current server sent the kubelet the list held now
+    kubelet: str = ""  # identity of the kubelet.sock the last Register went to
+    pre_start_required: bool = False  # the option the current server registered with
 
     @property
     def unhealthy(self) -> int:
@@ -83,6 +87,7 @@ class PluginState:
     reload: ReloadResult | None = None
     healthy: bool | None = None  # the /healthz verdict, when the writer computed one
     health: str = ""
+    kubelet: str = ""  # identity of kubelet.sock as the plugin last saw it by stat() ("" absent)
 
     def waiting(self) -> ResourceState | None:
         """The first resource not registered, else the first: the flat top-level fields describe it."""
@@ -110,6 +115,10 @@ def _resource_json(r: ResourceState) -> dict[str, object]:
         "last_error": r.last_error,
         "last_registered": r.last_registered,
         "list": {"size": r.cut.size, "wanted": r.cut.wanted, "dropped": r.cut.dropped},
+        "have_devices": r.have_devices,
+        "list_sent": r.list_sent,
+        "kubelet": r.kubelet,
+        "pre_start_required": r.pre_start_required,
     }
 
 
@@ -146,6 +155,7 @@ def to_json(state: PluginState) -> dict[str, object]:
         "resources": [_resource_json(r) for r in state.resources],
         "config_file": state.config_file,
         "reload": _reload_json(state.reload),
+        "kubelet": state.kubelet,
         **({} if state.healthy is None else {"health": {"ok": state.healthy, "reason": state.health}}),
     }
 
@@ -211,6 +221,10 @@ def _resource_from(raw: object) -> ResourceState:
             _int(cut, "wanted", 0),
             _int(cut, "dropped", 0),
         ),
+        have_devices=_bool(raw, "have_devices"),
+        list_sent=_bool(raw, "list_sent"),
+        kubelet=_str(raw, "kubelet"),
+        pre_start_required=_bool(raw, "pre_start_required"),
     )
 
 
@@ -246,6 +260,7 @@ def from_json(raw: object) -> PluginState:
         reload=_reload_from(raw.get("reload")),
         healthy=bool(health.get("ok")) if isinstance(health, dict) else None,
         health=str(health.get("reason", "")) if isinstance(health, dict) else "",
+        kubelet=_str(raw, "kubelet"),
     )
 
 

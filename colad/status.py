@@ -3,7 +3,8 @@
 Reads: supervisord's XML-RPC interface on <run_dir>/supervisor.sock, the
 plugin's state file and the in-use view (state/inuse.json, from podresources.py).
 Writes: a table (or JSON) to stdout. The in-use view never changes the exit code.
-Exit codes: 0 all running and registered; 1 running but degraded; 3 colad is not running.
+Exit codes: 0 registered, every process RUNNING or STARTING; 1 degraded; 3 colad is not
+running; 4 starting: not registered yet, for no reason but the start (docs: man colad(8)).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from colad.config import Config
 from colad.statefile import StateFileError, StateFileMissing
 
 PROGRAMS = ("plugin", "discovery", "kubelet-watch")
+STARTING = "STARTING"  # supervisord's state for a process in its first startsecs
+EXIT_DEGRADED, EXIT_NOT_RUNNING, EXIT_STARTING = 1, 3, 4
+# A resource in these states, with no error yet, is on its way to registering, not failing.
+_ON_ITS_WAY = ("starting", "registering")
 ROLE_CHECK_TIMEOUT = 1.0  # /healthz must answer fast even when supervisord is busy
 ROLE_CHECK_CACHE = 2.0  # seconds a role check is reused: probes and scrapes must not hammer supervisord
 
@@ -65,11 +70,11 @@ def supervisor_proxy(socket_path: str, timeout: float = 10.0) -> Any:
     return xmlrpc.client.ServerProxy("http://localhost", transport=_UnixTransport(socket_path, timeout))
 
 
-def not_running(infos: list[dict[str, Any]]) -> list[str]:
-    """"<name> is <STATE>" for every process supervisord runs that is not RUNNING (pure)."""
+def not_running(infos: list[dict[str, Any]], *, but: tuple[str, ...] = ()) -> list[str]:
+    """"<name> is <STATE>" for every process supervisord runs that is not RUNNING (or in `but`) (pure)."""
     problems = []
     for info in sorted(infos, key=lambda i: str(i.get("name"))):
-        if info.get("statename") != "RUNNING":
+        if info.get("statename") not in ("RUNNING", *but):
             problems.append(f"{info.get('name')} is {info.get('statename')}")
     return problems
 
@@ -147,7 +152,9 @@ def read_in_use(cfg: Config) -> dict[str, Any]:
 
 
 def _collect_processes(cfg: Config) -> dict[str, Any]:
-    report: dict[str, Any] = {"running": False, "processes": {}, "plugin": None, "problems": []}
+    report: dict[str, Any] = {
+        "running": False, "processes": {}, "plugin": None, "problems": [], "starting": [], "waiting": [],
+    }  # fmt: skip
     try:
         infos = supervisor_proxy(cfg.supervisor_socket).supervisor.getAllProcessInfo()
     except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
@@ -161,28 +168,48 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
         if name not in report["processes"]:
             report["problems"].append(f"{name} is MISSING")
     # Every process supervisord runs counts, the watchdog listener too: a role in BACKOFF,
-    # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it.
-    report["problems"].extend(not_running(infos))
+    # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it. STARTING (the
+    # first startsecs after a spawn) is not a problem by itself: what it means is in `waiting`.
+    report["problems"].extend(not_running(infos, but=(STARTING,)))
+    report["starting"] = sorted(str(i.get("name")) for i in infos if i.get("statename") == STARTING)
+    plugin_starting = report["processes"].get("plugin", {}).get("state") == STARTING
+    # While the plugin itself is STARTING, a missing or older state file, or a resource not
+    # registered yet, is the start itself: waiting (exit 4), not degraded.
+    start_window = report["waiting"] if plugin_starting else report["problems"]
     try:
         plugin = statefile.read_raw(cfg.plugin_state_file)
         state = statefile.from_json(plugin)
+    except StateFileMissing as exc:
+        start_window.append(f"plugin state unknown: {exc}")
+        return report
     except StateFileError as exc:
         report["problems"].append(f"plugin state unknown: {exc}")
         return report
     plugin_pid = report["processes"].get("plugin", {}).get("pid")
     if state.pid != plugin_pid:
-        report["problems"].append("plugin state file is from an earlier plugin process")
+        start_window.append("plugin state file is from an earlier plugin process")
         plugin["registered"] = False
     report["plugin"] = plugin
     if "resources" in plugin and state.resources and state.pid == plugin_pid:
         for r in state.resources:
             if not r.registered:
-                report["problems"].append(f"{r.name} not registered ({r.state}: {r.last_error or '-'})")
+                on_its_way = r.state in _ON_ITS_WAY and not r.last_error
+                where = report["waiting"] if on_its_way or plugin_starting else report["problems"]
+                where.append(f"{r.name} not registered ({r.state}: {r.last_error or '-'})")
     elif not plugin.get("registered"):
-        report["problems"].append(f"plugin not registered ({plugin.get('state')}: {plugin.get('last_error') or '-'})")
+        start_window.append(f"plugin not registered ({plugin.get('state')}: {plugin.get('last_error') or '-'})")
     if state.reload is not None and not state.reload.ok:
         report["problems"].append(f"last reload refused, the running config stays: {state.reload.reason}")
     return report
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """3 not running, 1 degraded, 4 still starting (nothing wrong, not registered yet), else 0 (pure)."""
+    if not report["running"]:
+        return EXIT_NOT_RUNNING
+    if report["problems"]:
+        return EXIT_DEGRADED
+    return EXIT_STARTING if report.get("waiting") else 0
 
 
 def render(report: dict[str, Any]) -> str:
@@ -201,6 +228,11 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"devices:    {r.devices} ({r.healthy} healthy{replicas})")
         lines.append(f"streams:    {r.streams}")
     lines += _render_in_use(report.get("in_use"))
+    if report.get("starting"):
+        lines.append("")
+        lines.append(f"starting:   {', '.join(report['starting'])} (within supervisord's startsecs; not a problem)")
+    for waiting in report.get("waiting", ()):
+        lines.append(f"waiting: {waiting}")
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)
@@ -234,8 +266,6 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
     else:
         print(render(report))
     sys.stdout.flush()
-    if not report["running"]:
-        return 3
-    return 1 if report["problems"] else 0
+    return exit_code(report)
 
 

@@ -133,6 +133,20 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     "replica_policy": ("pack", "spread", "pack", ("pack", "spread", "pack")),
     "pod_resources_socket": ("/file/pr.sock", "", "/flag/pr.sock", ("/file/pr.sock", "", "/flag/pr.sock")),
     "pod_resources_interval": (1, "2", 3.5, (1.0, 2.0, 3.5)),
+    # issue 15 (tests/unit/test_issue15_config.py checks their values)
+    "cdi": ("only", "off", "both", ("only", "off", "both")),
+    "cdi_spec_dir": ("/file/cdi", "/env/cdi", "/flag/cdi", ("/file/cdi", "/env/cdi", "/flag/cdi")),
+    "host_path_check": (False, "yes", "off", (False, True, False)),
+    "probe_max_in_flight": (2, "3", 5, (2, 3, 5)),
+    "probe": (["/file/p", "a b"], "/env/p 'a b'", ("/flag/p",), (("/file/p", "a b"), ("/env/p", "a b"), ("/flag/p",))),
+    "probe_timeout": (1, "2", 3.5, (1.0, 2.0, 3.5)),
+    "probe_interval": (10, "20", 30.5, (10.0, 20.0, 30.5)),
+    "prepare": (["/file/r"], "/env/r --x", ["/flag/r"], (("/file/r",), ("/env/r", "--x"), ("/flag/r",))),
+    "prepare_timeout": (1, "2", 3.5, (1.0, 2.0, 3.5)),
+    "nfd_features_file": ("/file/f", "/env/f", "/flag/f", ("/file/f", "/env/f", "/flag/f")),
+    "nfd_label_prefix": ("file.example", "env.example", "flag.example",
+        ("file.example", "env.example", "flag.example")),
+    "nfd_expiry": (60, "120", 180.5, (60.0, 120.0, 180.5)),
 }
 
 

@@ -646,6 +646,19 @@ USABLE: dict[str, list[object]] = {
     "supervisord_template": ["", "/etc/colad/supervisord.conf"],
     "pod_resources_socket": ["", "/" + "p" * 106],
     "pod_resources_interval": [10.0],
+    # issue 15
+    "cdi": ["both", "only", "off"],
+    "cdi_spec_dir": ["/var/run/cdi", "/etc/cdi"],
+    "host_path_check": [True, False],
+    "probe_max_in_flight": [1, 64],
+    "probe": [[], ["/usr/bin/true"], ["/bin/sh", "-c", "exit 1"]],
+    "probe_timeout": [0.5, 5.0],
+    "probe_interval": [1, 30.0],
+    "prepare": [[], ["/usr/bin/true", "x y"]],
+    "prepare_timeout": [0.1, 28],
+    "nfd_features_file": ["", "/etc/kubernetes/node-feature-discovery/features.d/colad"],
+    "nfd_label_prefix": ["", "colad.example"],
+    "nfd_expiry": [60, 3600.0],
 }
 
 

@@ -1,0 +1,108 @@
+"""PreStartContainer runs the resource's prepare command (issue 15 item 7), under the real supervisord.
+
+With `prepare` set, colad registers with pre_start_required and GetDevicePluginOptions agrees (the
+fake kubelet checks both); the kubelet's pre_start_container() runs the command with the device
+IDs; a failure or a hang past prepare_timeout answers FAILED_PRECONDITION naming the device and
+the command's reason, well inside the kubelet's 30 s, and is counted. Nothing restarts.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.e2e.test_hostile_plugin import sample
+from tests.fakes.kubelet import FakeKubelet
+from tests.service import ColadService
+
+pytestmark = pytest.mark.e2e
+BASE = {"cocacola", "peisicola"}
+# Records its arguments and COLA_DEVICES; fails with a reason for a device that has a .fail file,
+# hangs (with a child that outlives it) for one that has a .hang file.
+SCRIPT = """
+out="$1"
+shift
+echo "$* devices=$COLA_DEVICES resource=$COLA_RESOURCE" >> "$out/calls"
+for id in "$@"; do
+  if [ -e "$out/$id.hang" ]; then sleep 60 & echo "resetting $id"; sleep 60; fi
+  if [ -e "$out/$id.fail" ]; then echo "firmware missing for $id"; exit 3; fi
+done
+"""
+
+
+@pytest.fixture
+def prepared(short_tmp: Path, kubelet: FakeKubelet) -> Iterator[tuple[ColadService, Path]]:
+    out = short_tmp / "prep"
+    out.mkdir()
+    script = short_tmp / "prepare.sh"
+    script.write_text(SCRIPT)
+    command = shlex.join(["/bin/sh", str(script), str(out)])
+    colad = ColadService(short_tmp, extra_env={"COLAD_PREPARE": command, "COLAD_PREPARE_TIMEOUT": "1.5"})
+    colad.add(*BASE)
+    colad.start()
+    yield colad, out
+    rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def metric(colad: ColadService, result: str) -> float | None:
+    return sample(colad, f'colad_pre_start_requests_total{{resource="myway5.com/cola",result="{result}"}}')
+
+
+def test_prepare_runs_with_the_device_ids(prepared: tuple[ColadService, Path], kubelet: FakeKubelet) -> None:
+    colad, out = prepared
+    kubelet.wait_devices(BASE, timeout=30)
+    registration = kubelet.wait_registered(timeout=30)
+    assert registration.options == (True, True) and kubelet.options() == (True, True)
+    kubelet.pre_start_container(["peisicola", "cocacola"])
+    calls = (out / "calls").read_text()
+    assert calls == "peisicola cocacola devices=peisicola,cocacola resource=myway5.com/cola\n"
+    assert metric(colad, "success") == 1.0
+    colad.wait_log('msg=prepared resource=myway5.com/cola devices=peisicola,cocacola commands=1')
+
+
+def test_prepare_failure_names_the_device_and_the_reason(
+    prepared: tuple[ColadService, Path], kubelet: FakeKubelet
+) -> None:
+    colad, out = prepared
+    kubelet.wait_devices(BASE, timeout=30)
+    (out / "peisicola.fail").touch()
+    with pytest.raises(grpc.RpcError) as info:
+        kubelet.pre_start_container(["cocacola", "peisicola"])
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    details = info.value.details()  # type: ignore[attr-defined]
+    assert details == "prepare command /bin/sh failed for device cocacola,peisicola: firmware missing for peisicola"
+    assert metric(colad, "failed") == 1.0 and metric(colad, "success") == 0.0
+    (out / "peisicola.fail").unlink()
+    kubelet.pre_start_container(["peisicola"])  # fixed: the next container starts
+    assert metric(colad, "success") == 1.0
+
+
+def test_prepare_hang_is_killed_within_its_timeout(prepared: tuple[ColadService, Path], kubelet: FakeKubelet) -> None:
+    colad, out = prepared
+    kubelet.wait_devices(BASE, timeout=30)
+    (out / "cocacola.hang").touch()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        kubelet.pre_start_container(["cocacola"], timeout=30)
+    took = time.monotonic() - started
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    assert info.value.details().endswith("timed out after 1.5s: resetting cocacola")  # type: ignore[attr-defined]
+    assert 1.4 < took < 10, took
+    assert metric(colad, "timeout") == 1.0
+    # Allocate and the list are not held up meanwhile, and a call for an unknown device is refused.
+    assert kubelet.allocate(["cocacola"])["envs"]["COLA_DEVICES"] == "cocacola"
+    with pytest.raises(grpc.RpcError) as unknown:
+        kubelet.pre_start_container(["nope"])
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+    assert metric(colad, "not_found") == 1.0
+
+
+def test_without_prepare_nothing_is_required(colad: ColadService, kubelet: FakeKubelet) -> None:
+    kubelet.wait_devices(BASE, timeout=30)
+    assert kubelet.wait_registered(timeout=30).options == (False, True) and kubelet.options() == (False, True)
