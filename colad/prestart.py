@@ -24,7 +24,7 @@ from colad.probes import BASE_ENV, OUTPUT_LIMIT, outcome
 # Prepare commands running at once in one plugin (each PreStartContainer call runs its own); a call
 # that waits for a turn waits within its deadline.
 MAX_RUNNING = 4
-RESOURCE_ENV = "COLA_RESOURCE"
+RESOURCE_ENV = "COLA_RESOURCE_NAME"
 _SLOTS = threading.BoundedSemaphore(MAX_RUNNING)
 # Kept off the kubelet's deadline: killing the command's group and answering fit in it.
 ANSWER_MARGIN = 1.0
@@ -57,7 +57,7 @@ def plan(resource: str, command: tuple[str, ...], devices: DeviceSet, requested:
     A device's own prepare (devices.Device.prepare, when set) replaces `command`; () means none.
     Each command gets the physical IDs of its devices as arguments, once each in request order,
     and COLA_DEVICES (those IDs), COLA_REPLICAS (the requested IDs, when any is a replica) and
-    COLA_RESOURCE in its environment.
+    COLA_RESOURCE_NAME in its environment.
     """
     groups: dict[tuple[str, ...], list[str]] = {}
     for device_id in dict.fromkeys(requested):

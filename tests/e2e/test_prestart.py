@@ -27,7 +27,7 @@ BASE = {"cocacola", "peisicola"}
 SCRIPT = """
 out="$1"
 shift
-echo "$* devices=$COLA_DEVICES resource=$COLA_RESOURCE" >> "$out/calls"
+echo "$* devices=$COLA_DEVICES resource=$COLA_RESOURCE_NAME" >> "$out/calls"
 for id in "$@"; do
   if [ -e "$out/$id.hang" ]; then sleep 60 & echo "resetting $id"; sleep 60; fi
   if [ -e "$out/$id.fail" ]; then echo "firmware missing for $id"; exit 3; fi

@@ -108,8 +108,8 @@ def test_plan_groups_devices_by_their_command() -> None:
         (("/x", "-y", "d"), ("d",)),
         (("/usr/bin/reset", "b", "a"), ("b::1", "a", "b::0")),
     ]
-    assert dict(steps[1].env) == {"COLA_RESOURCE": R, "COLA_DEVICES": "b,a", "COLA_REPLICAS": "b::1,a,b::0"}
-    assert dict(steps[0].env) == {"COLA_RESOURCE": R, "COLA_DEVICES": "d"}
+    assert dict(steps[1].env) == {"COLA_RESOURCE_NAME": R, "COLA_DEVICES": "b,a", "COLA_REPLICAS": "b::1,a,b::0"}
+    assert dict(steps[0].env) == {"COLA_RESOURCE_NAME": R, "COLA_DEVICES": "d"}
     assert prestart.plan(R, (), devices, ["a", "c"]) == []  # nothing to run
     with pytest.raises(prestart.UnknownDevice, match="gone"):
         prestart.plan(R, CMD, devices, ["a", "gone"])
