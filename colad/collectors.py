@@ -19,7 +19,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from colad import constants
 from colad.statefile import PluginState
 
-RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup")
+RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
+# Discovery's health changes of a device (health.<reason>) and the files it could not write (write.<file>_failed).
+HEALTH_REASONS = ("host_path", "probe", "recovered")
+WRITE_FILES = ("cdi", "nfd")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 INPUT_PREFIX = "input."
 
@@ -110,6 +113,22 @@ class PeerCollector:
         for reason in RESCAN_REASONS:
             rescans.add_metric([reason], discovery.get(f"rescans.{reason}", 0))
         yield rescans
+        health = CounterMetricFamily(
+            "colad_device_health_changes",
+            "Devices discovery turned Unhealthy (a missing host path, a failing probe) or Healthy again, by reason.",
+            labels=["reason"],
+        )
+        for reason in HEALTH_REASONS:
+            health.add_metric([reason], discovery.get(f"health.{reason}", 0))
+        yield health
+        writes = CounterMetricFamily(
+            "colad_file_write_failures",
+            "CDI spec and NFD feature file writes by discovery that failed (retried at the next change or rescan).",
+            labels=["file"],
+        )
+        for name in WRITE_FILES:
+            writes.add_metric([name], discovery.get(f"write.{name}_failed", 0))
+        yield writes
         queue = CounterMetricFamily(
             "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
         )

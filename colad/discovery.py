@@ -5,21 +5,26 @@ Reads: each resource's device directory (inotify, a periodic safety rescan) and 
 DeviceSnapshot after every (re)connect, then what changed as a DeviceDelta (snapshots.py).
 Level-triggered: an event that names files reads those files again and moves them in the held
 set (O(change)); any other event, an overflow, the timer or a reload re-list the directory.
+Each device as read gets its host-path health and probe verdict (DeviceHealth); each change
+rewrites the resource's CDI spec and the NFD feature file.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 import pyinotify
 
+from colad import cdi, devices, hostpaths, log, messages, nfd, snapshots, watch
 from colad import config as config_mod
-from colad import devices, log, messages, snapshots, watch
 from colad.config import Config, Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
@@ -28,6 +33,7 @@ from colad.devicedir import is_regular_file, read_device
 from colad.devicedir import list_regular_files as list_regular_files
 from colad.devicedir import racy as racy
 from colad.devices import Device
+from colad.probes import PENDING, Probe, ProbeRunner, Verdict
 from colad.queue import QueueClient
 from colad.snapshots import TOO_LARGE as TOO_LARGE
 from colad.snapshots import Fitted, fit_the_queue
@@ -46,6 +52,17 @@ DEVICE_EVENTS = (
 )
 
 
+# What can change a host path's verdict, watched on each path's nearest existing parent.
+HOST_PATH_EVENTS = (
+    pyinotify.IN_CREATE
+    | pyinotify.IN_DELETE
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_DELETE_SELF
+    | pyinotify.IN_MOVE_SELF
+    | pyinotify.IN_ONLYDIR
+)
 # A directory that cannot be listed (ELOOP, EACCES, EIO...) may send no event when it heals.
 UNUSABLE_RETRY_S = 2.0
 # A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
@@ -76,11 +93,103 @@ class Moved:
     slow: list[tuple[str, float]] = field(default_factory=list)
 
 
+class DeviceHealth:
+    """One resource's health overlay: a device as read, made Unhealthy (with a reason) where a
+    required host path is missing or its probe fails; missing optional entries left out.
+
+    Per device it keeps the reason, the directories to watch and the probe to run, so a
+    change costs only the devices it touches. `notes` are the reason changes to log and count.
+    """
+
+    def __init__(self, resource: Resource, check_paths: bool, runner: ProbeRunner | None) -> None:
+        self.resource = resource
+        self.check_paths = check_paths
+        self.runner = runner
+        self.reasons: dict[str, str] = {}
+        self.dirs: dict[str, frozenset[str]] = {}  # device ID -> the directories its host paths need watched
+        self.probes: dict[str, Probe] = {}  # device ID -> its probe
+        self.notes: list[tuple[str, str, str]] = []  # (device ID, reason before, reason now)
+        self.dir_refs: Counter[str] = Counter()
+        self.dirs_changed = False
+        self.probes_changed = False
+
+    def key(self, device_id: str) -> str:
+        return cdi.device_name(self.resource.name, device_id)
+
+    def probe_of(self, raw: Device) -> Probe | None:
+        own = getattr(raw, "probe", None)  # the device file's override: None = the resource's, () = none
+        command = tuple(self.resource.probe) if own is None else own
+        if not command or raw.problem or self.runner is None:
+            return None
+        env = (("COLA_DEVICE_ID", raw.device_id), ("COLA_RESOURCE_NAME", self.resource.name))
+        return Probe(command, self.resource.probe_timeout, self.resource.probe_interval, env)
+
+    def advertise(self, raw: Device) -> Device:
+        """`raw` as the kubelet should see it now."""
+        device_id, device, reason = raw.device_id, raw, ""
+        dirs: frozenset[str] = frozenset()
+        if self.check_paths and (raw.device_nodes or raw.mounts):
+            checked = hostpaths.check(devices.DeviceSet((raw,)))
+            device, dirs = checked.devices.devices[0], checked.watch_dirs
+            reason = checked.reasons[0][1] if checked.reasons else ""
+        if dirs != self.dirs.get(device_id, frozenset()):
+            self._set_dirs(device_id, dirs)
+        probe = self.probe_of(raw)
+        if probe != self.probes.get(device_id):
+            self.probes_changed = True
+            if probe is None:
+                del self.probes[device_id]
+            else:
+                self.probes[device_id] = probe
+        if probe is not None and self.runner is not None:
+            verdict = self.runner.verdict(self.key(device_id)) or Verdict(False, PENDING)
+            if not verdict.healthy:
+                reason = reason or f"probe {os.path.basename(probe.command[0])}: {verdict.reason}"
+                device = replace(device, health=UNHEALTHY)
+        self._set_reason(device_id, reason)
+        return device
+
+    def forget(self, device_id: str) -> None:
+        """`device_id` left the directory."""
+        if device_id in self.dirs:
+            self._set_dirs(device_id, frozenset())
+        if self.probes.pop(device_id, None) is not None:
+            self.probes_changed = True
+        self._set_reason(device_id, "")
+
+    def forget_all_but(self, ids: set[str]) -> None:
+        for device_id in [i for i in {*self.dirs, *self.probes, *self.reasons} if i not in ids]:
+            self.forget(device_id)
+
+    @property
+    def watched(self) -> list[str]:
+        """The devices whose verdict a host-path event can change."""
+        return sorted(self.dirs)
+
+    def _set_dirs(self, device_id: str, dirs: frozenset[str]) -> None:
+        self.dir_refs.subtract(self.dirs.pop(device_id, frozenset()))
+        if dirs:
+            self.dirs[device_id] = dirs
+            self.dir_refs.update(dirs)
+        self.dirs_changed = True
+
+    def _set_reason(self, device_id: str, reason: str) -> None:
+        before = self.reasons.get(device_id, "")
+        if reason != before:
+            self.notes.append((device_id, before, reason))
+            if reason:
+                self.reasons[device_id] = reason
+            else:
+                del self.reasons[device_id]
+
+
 class ResourceWatch:
     """One resource's device directory: its watch, its files' parsed devices, its last snapshot."""
 
-    def __init__(self, inotify: watch.Inotify, resource: Resource) -> None:
+    def __init__(self, inotify: watch.Inotify, resource: Resource, health: DeviceHealth | None = None) -> None:
         self.resource = resource
+        self.health = health or DeviceHealth(resource, False, None)
+        self.shown: dict[str, Device] = {}  # what is advertised per ID of the last scan (health applied)
         self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
         self.current: devices.DeviceSet | None = None
         self.seq = 0  # the seq `current` was published with: the base of the next delta
@@ -88,7 +197,7 @@ class ResourceWatch:
         self.present: bool | None = None
         self.warned: dict[str, str] = {}  # name -> the problem last logged for it
         self.cache: dict[str, _Cached] = {}
-        self.sizes: dict[str, int] = {}  # wire size of each device of the last scan, as scanned
+        self.sizes: dict[str, int] = {}  # wire size of each device of the last scan, as advertised
         self.unusable: str | None = None  # why the directory could not be listed last time
         self.cut: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the last fit's (demoted, dropped)
         self.ids: tuple[str, ...] = ()  # current's IDs, for bisect
@@ -112,12 +221,14 @@ class ResourceWatch:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             problem = f"device directory unusable: {code} {exc.strerror}"
             kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
-            self.sizes = {}
+            self.sizes, self.shown = {}, {}
             return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=f"{code}: {exc.strerror}")
         result = devices.build(names)
         problems = {s.name: s.reason for s in result.skipped}
         found: list[Device] = []
         cache: dict[str, _Cached] = {}
+        sizes: dict[str, int] = {}
+        shown: dict[str, Device] = {}
         slow: list[tuple[str, float]] = []
         settles: list[int] = []
         for device_id in result.devices.ids:
@@ -134,13 +245,15 @@ class ResourceWatch:
             if known is None:
                 continue
             cache[device_id] = known
-            found.append(known.device)
+            device = shown[device_id] = self.health.advertise(known.device)
+            sizes[device_id] = known.size if device is known.device else messages.device_wire_size(device)
+            found.append(device)
             if known.settles_ns is not None:
                 settles.append(known.settles_ns)
             if known.device.problem:
                 problems[device_id] = known.device.problem
-        self.cache = cache
-        self.sizes = {i: c.size for i, c in cache.items()}
+        self.cache, self.sizes, self.shown = cache, sizes, shown
+        self.health.forget_all_but(set(cache))
         self.racy = {i: c.settles_ns for i, c in cache.items() if c.settles_ns is not None}
         found_set = devices.DeviceSet.of(found)
         return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow))
@@ -178,24 +291,30 @@ class ResourceWatch:
                 if clock() - started > SLOW_READ_S:
                     moved.slow.append((name, clock() - started))
             self.racy.pop(name, None)
+            before, before_size = self.shown.get(name), self.sizes.get(name, 0)
             if found is None:
                 if known is not None:
-                    del self.cache[name], self.sizes[name]
+                    del self.cache[name]
+                    self.health.forget(name)
+                if before is not None:
+                    del self.sizes[name], self.shown[name]
                     moved.removed.append(name)
-                    moved.gone.append(known.device)
-                    moved.size -= known.size
+                    moved.gone.append(before)
+                    moved.size -= before_size
                 continue
-            self.cache[name], self.sizes[name] = found, found.size
+            device = self.health.advertise(found.device)
+            size = found.size if device is found.device else messages.device_wire_size(device)
+            self.cache[name], self.sizes[name], self.shown[name] = found, size, device
             if found.settles_ns is not None:
                 self.racy[name] = found.settles_ns
             if found.device.problem:
                 moved.problems[name] = found.device.problem
-            if known is None or known.device != found.device:
-                moved.came.append(found.device)
-                moved.size += found.size
-                if known is not None:
-                    moved.gone.append(known.device)
-                    moved.size -= known.size
+            if before is None or before != device:
+                moved.came.append(device)
+                moved.size += size
+                if before is not None:
+                    moved.gone.append(before)
+                    moved.size -= before_size
         return moved
 
     def report(self, problems: dict[str, str], names: Iterable[str] | None = None) -> int:
@@ -236,8 +355,23 @@ class Discovery(watch.WatcherLoop):
     ) -> None:
         super().__init__(cfg, "discovery", client=client)
         self.clock = clock
-        self.watches: dict[str, ResourceWatch] = {r.name: ResourceWatch(self.inotify, r) for r in cfg.resources}
+        self.runner = ProbeRunner(cfg.probe_max_in_flight)
+        # Host-path watches in their own inotify: a shared one would merge them with the device
+        # directories' watches (one wd per inode) and a removal would end both.
+        self.host_inotify = watch.Inotify(self.stats.count)
+        self.host_wds: dict[str, int] = {}
+        self.spec_writer = cdi.SpecWriter(cfg.cdi_spec_dir) if cfg.cdi != "off" and cfg.cdi_spec_dir else None
+        self.features = nfd.FeatureFileWriter(cfg.nfd_features_file) if cfg.nfd_features_file else None
+        self.nfd_expires = ""  # the expiry-time the feature file carries until its next refresh
+        self.nfd_refresh = 0.0
+        self.nfd_dirty = False
+        self.failed_writes: dict[str, str] = {}  # file -> the error last logged for it
+        self.host_recheck = False  # a watch was added: look at the host paths again
+        self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
+
+    def _watch(self, resource: Resource) -> ResourceWatch:
+        return ResourceWatch(self.inotify, resource, DeviceHealth(resource, self.cfg.host_path_check, self.runner))
 
     @property
     def current(self) -> devices.DeviceSet | None:
@@ -248,7 +382,8 @@ class Discovery(watch.WatcherLoop):
         self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
         whole: Iterable[str] = ("*",),
     ) -> None:  # fmt: skip
-        """`reason` is one of start, inotify, overflow, periodic, directory, followup (a metrics label).
+        """`reason` is one of start, inotify, overflow, periodic, directory, followup, hostpath, probe
+        (a metrics label).
 
         `watches` (default: all) are listed again; `dirty` names the files, per
         resource, whose content may have changed (None: stat every file); a resource
@@ -278,6 +413,94 @@ class Discovery(watch.WatcherLoop):
                 )
                 self.stats.count("input.rescan_failed")
                 rw.follow_up = self.clock() + UNUSABLE_RETRY_S
+        if watches is None:  # the periodic pass also retries a spec or feature file that could not be written
+            for rw in targets:
+                self._write_spec(rw)
+            self.nfd_dirty = self.features is not None
+        self._after_scan(targets)
+
+    def _after_scan(self, targets: Iterable[ResourceWatch]) -> None:
+        """Log and count the health reasons that changed, follow the host paths' directories and
+        the probes to run, write the feature file."""
+        dirs = probes = False
+        for rw in targets:
+            health = rw.health
+            for device_id, before, reason in health.notes:
+                if reason and PENDING not in reason:
+                    LOG.warning("device unhealthy", resource=rw.resource.name, device=device_id, reason=reason)
+                    self.stats.count("health.probe" if reason.startswith("probe ") else "health.host_path")
+                elif not reason and device_id in rw.shown and PENDING not in before:
+                    LOG.info("device healthy again", resource=rw.resource.name, device=device_id, was=before)
+                    self.stats.count("health.recovered")
+            health.notes.clear()
+            dirs, probes = dirs or health.dirs_changed, probes or health.probes_changed
+            health.dirs_changed = health.probes_changed = False
+        if dirs:
+            self._sync_host_watches()
+        if probes:
+            wanted = {rw.health.key(i): p for rw in self.watches.values() for i, p in rw.health.probes.items()}
+            self.runner.set_probes(wanted)
+        if self.nfd_dirty:
+            self._write_features()
+
+    def _sync_host_watches(self) -> None:
+        """Watch exactly the directories the devices' host paths need (at most MAX_WATCH_DIRS).
+
+        A directory newly watched may have changed before its watch existed (mkdir -p): the
+        devices are looked at again next turn, until the set of watches stops changing.
+        """
+        wanted: set[str] = set()
+        for rw in self.watches.values():
+            wanted.update(d for d, n in rw.health.dir_refs.items() if n > 0)
+        keep = set(sorted(wanted, key=lambda d: (d.count("/"), d))[: hostpaths.MAX_WATCH_DIRS])
+        for path in [p for p in self.host_wds if p not in keep]:
+            self.host_inotify.remove(self.host_wds.pop(path))
+        for path in sorted(keep - self.host_wds.keys()):
+            wd = self.host_inotify.add(path, HOST_PATH_EVENTS)
+            if wd is not None:  # gone meanwhile: its event is on the way, or the periodic rescan sees it
+                self.host_wds[path] = wd
+                self.host_recheck = True
+
+    def _write_spec(self, rw: ResourceWatch) -> None:
+        """The resource's CDI spec, one device per advertised ID (replicas included)."""
+        if self.spec_writer is None or rw.current is None:
+            return
+        name, writer = rw.resource.name, self.spec_writer
+        spec = cdi.build(name, devices.replicate(rw.current, rw.resource.replicas))
+        self._write(f"cdi {name}", writer.path(name), lambda: writer.write(name, spec))
+
+    def _remove_spec(self, name: str) -> None:
+        if self.spec_writer is not None:
+            self._write(f"cdi {name}", self.spec_writer.path(name), functools.partial(self.spec_writer.remove, name))
+
+    def _write_features(self) -> None:
+        """The NFD feature file; a new expiry-time every third of nfd_expiry."""
+        if self.features is None:
+            return
+        self.nfd_dirty = False
+        now = self.clock()
+        if now >= self.nfd_refresh:
+            expires = datetime.now(UTC) + timedelta(seconds=self.cfg.nfd_expiry)
+            self.nfd_expires = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.nfd_refresh = now + self.cfg.nfd_expiry / 3
+        sets = [(rw.resource.name, rw.current or devices.DeviceSet()) for rw in self.watches.values()]
+        data = nfd.render(sets, self.cfg.nfd_label_prefix, self.nfd_expires)
+        features = self.features
+        self._write("nfd", features.path, lambda: features.write(data))
+
+    def _write(self, what: str, path: str, write: Callable[[], object]) -> None:
+        """One line (and one count) when writing `what` starts failing or fails differently, one when it works again."""
+        try:
+            write()
+        except OSError as exc:
+            error = f"{errno.errorcode.get(exc.errno or 0, str(exc.errno))}: {exc.strerror}"
+            if self.failed_writes.get(what) != error:
+                LOG.error("cannot write file; retried at the next change or rescan", file=what, path=path, error=error)
+                self.stats.count("write.cdi_failed" if what.startswith("cdi") else "write.nfd_failed")
+            self.failed_writes[what] = error
+            return
+        if self.failed_writes.pop(what, None) is not None:
+            LOG.info("file written again", file=what, path=path)
 
     def _rescan_one(self, rw: ResourceWatch, reason: str, dirty: set[str] | None, whole: bool = True) -> None:
         """Rescan `rw`: only the `dirty` names when the events named them all (not `whole`) and the set
@@ -346,6 +569,8 @@ class Discovery(watch.WatcherLoop):
         rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
+        self._write_spec(rw)
+        self.nfd_dirty = self.features is not None
         LOG.info(
             "device set changed",
             resource=rw.resource.name,
@@ -447,11 +672,44 @@ class Discovery(watch.WatcherLoop):
             self.rescan("followup", racy_only, {rw.resource.name: set(rw.racy) for rw in racy_only}, ())
         if unusable:
             self.rescan("followup", unusable)
+        self._health_step()
         self.finish(self.clock())
+
+    def _health_step(self) -> None:
+        """Host-path events re-check the devices that name host paths; probe verdicts that changed
+        re-check their devices; both only those devices (O(change)), never waiting."""
+        events = self.host_inotify.read()
+        for event in events:
+            if event.mask & pyinotify.IN_IGNORED:  # the kernel dropped that watch: re-added by the sync
+                self.host_wds = {p: wd for p, wd in self.host_wds.items() if wd != event.wd}
+        if events or self.host_recheck:
+            self.host_recheck = False
+            named = {n: set(rw.health.watched) for n, rw in self.watches.items() if rw.health.watched}
+            if named:
+                self.rescan("hostpath", [self.watches[n] for n in named], named, ())
+            self._sync_host_watches()
+        changed = self.runner.poll()
+        if changed:
+            by_resource: dict[str, set[str]] = {}
+            for key in changed:
+                resource, _, device_id = key.partition("=")
+                if resource in self.watches:
+                    by_resource.setdefault(resource, set()).add(device_id)
+            if by_resource:
+                self.rescan("probe", [self.watches[n] for n in by_resource], by_resource, ())
+        if self.features is not None and self.clock() >= self.nfd_refresh:
+            self._write_features()
+
+    def extra_fds(self) -> list[int]:
+        return [self.host_inotify.fileno(), *self.runner.fds()]
 
     def timeout(self) -> float:
         follow_ups = [rw.follow_up for rw in self.watches.values() if rw.follow_up is not None]
-        return max(0.0, min([self.next_rescan, *follow_ups, *self.due()]) - self.clock())
+        if self.host_recheck:
+            return 0.0
+        probe = self.runner.next_deadline()
+        extra = [t for t in (probe, self.nfd_refresh if self.features is not None else None) if t is not None]
+        return max(0.0, min([self.next_rescan, *follow_ups, *extra, *self.due()]) - self.clock())
 
     def apply_config(self, previous: Config) -> None:
         """A reload: stop watching removed resources, watch and scan new or changed ones."""
@@ -459,13 +717,16 @@ class Discovery(watch.WatcherLoop):
         for name in [n for n, rw in self.watches.items() if wanted.get(n) != rw.resource]:
             rw = self.watches.pop(name)
             rw.dir.close()
+            rw.health.forget_all_but(set())
+            self._after_scan([rw])
             if name not in wanted:
                 self.client.withdraw(messages.snapshot_key(name))
+                self._remove_spec(name)
                 LOG.info("resource removed", resource=name)
         added = []
         for name, resource in wanted.items():
             if name not in self.watches:
-                rw = self.watches[name] = ResourceWatch(self.inotify, resource)
+                rw = self.watches[name] = self._watch(resource)
                 rw.dir.ensure()
                 added.append(rw)
                 LOG.info("resource watched", resource=name, device_dir=resource.device_dir)
@@ -480,6 +741,11 @@ class Discovery(watch.WatcherLoop):
         self.rescan("start")
         while not self.stopping:
             self.step(self.timeout())
+        self.runner.close()
+        # A graceful stop takes the specs away (no colad, no devices to resolve); a crash leaves them.
+        for name in self.watches:
+            self._remove_spec(name)
+        self.host_inotify.close()
         self.close()
         LOG.info("discovery stopped")
         return 0

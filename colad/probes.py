@@ -121,6 +121,10 @@ class ProbeRunner:
     def verdicts(self) -> dict[str, Verdict]:
         return dict(self._verdicts)
 
+    def verdict(self, key: str) -> Verdict | None:
+        """The verdict of one probe (None: not set), without copying them all."""
+        return self._verdicts.get(key)
+
     @property
     def in_flight(self) -> int:
         return len(self._running) + len(self._reaping)

@@ -314,7 +314,7 @@ class WatcherLoop:
 
     def wait(self, timeout: float | None) -> list[Event] | None:
         waker_fd = self.waker.fileno() if self.waker else None
-        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd]
+        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd, *self.extra_fds()]
         readable = poll(fds, timeout, priority=[self.mounts.fileno()])
         if waker_fd in readable and self.waker:
             self.waker.drain()
@@ -348,6 +348,10 @@ class WatcherLoop:
 
     def apply_config(self, previous: Config) -> None:
         """Hook: the role adopts `self.cfg`, which replaced `previous`."""
+
+    def extra_fds(self) -> list[int]:
+        """Hook: more fds whose readiness ends the wait (the role reads them itself after wait())."""
+        return []
 
     def next_seq(self) -> int:
         self.seq += 1

@@ -1,0 +1,203 @@
+"""Discovery's health overlay with real inotify, real probes and a real QueueServer (issue 15).
+
+Host paths: a missing required device node or mount source makes the device Unhealthy (the
+watch follows a tree as it is created); an optional one is left out. Probes: healthy, failing
+with a reason, hanging past the timeout, flapping, and none delays another device's change.
+Every change rewrites the CDI spec and the NFD feature file. The safety rescan is an hour away:
+only inotify and the probe runner can have told discovery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from colad import nfd
+from colad.config import Config
+from colad.constants import HEALTHY, UNHEALTHY
+from colad.devices import Device
+from colad.discovery import Discovery
+from colad.messages import DeviceSnapshot
+from tests.helpers import wait_until
+from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
+
+pytestmark = pytest.mark.integration
+
+RESOURCE = "example.com/cola"
+
+
+def config(root: Path, **overrides: object) -> Config:
+    os.makedirs(root / "devices", exist_ok=True)
+    os.mkdir(root / "run", 0o700)
+    values: dict[str, object] = {
+        "resource_name": RESOURCE,
+        "cdi_spec_dir": str(root / "cdi"),
+        "nfd_features_file": str(root / "features.d" / "colad"),
+    }
+    values.update(overrides)
+    return make_config(root, **values)
+
+
+def start(cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]) -> tuple[Discovery, Inbox]:
+    _, inbox = serve(cfg.queue_socket)
+    discovery = Discovery(cfg)
+    runner = runners(discovery)
+    begin(discovery)
+    runner.start()
+    return discovery, inbox
+
+
+def devices(inbox: Inbox) -> dict[str, Device]:
+    snap = inbox.latest(DeviceSnapshot)
+    return {} if snap is None else {d.device_id: d for d in snap.devices}
+
+
+def wait_health(inbox: Inbox, want: dict[str, str], timeout: float = 10.0) -> None:
+    def exact() -> bool:
+        got = {i: d.health for i, d in devices(inbox).items()}
+        if got != want:
+            raise AssertionError(f"health at the plugin side: {got}")
+        return True
+
+    wait_until(exact, timeout, f"health {want}")
+
+
+def mount_file(host_path: Path, *, optional: bool = False, container: str = "/data") -> str:
+    extra = "optional = true\n" if optional else ""
+    return f'[[mounts]]\nhost_path = "{host_path}"\ncontainer_path = "{container}"\n{extra}'
+
+
+def test_a_missing_mount_source_is_unhealthy_until_it_appears(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    cfg = config(short_tmp)
+    source = short_tmp / "host" / "a" / "b" / "data"  # none of host/ exists yet: the watch must follow the tree
+    (short_tmp / "devices" / "dev-0").write_text(mount_file(source))
+    (short_tmp / "devices" / "dev-1").write_text("")
+    discovery, inbox = start(cfg, serve, runners)
+    wait_health(inbox, {"dev-0": UNHEALTHY, "dev-1": HEALTHY})
+    for step in ("host", "host/a", "host/a/b"):
+        os.mkdir(short_tmp / step)
+    source.write_text("x")
+    wait_health(inbox, {"dev-0": HEALTHY, "dev-1": HEALTHY})
+    source.unlink()
+    wait_health(inbox, {"dev-0": UNHEALTHY, "dev-1": HEALTHY})
+    os.rename(short_tmp / "host" / "a", short_tmp / "host" / "gone")  # the watched parent moves away
+    (short_tmp / "host" / "a" / "b").mkdir(parents=True)
+    source.write_text("y")
+    wait_health(inbox, {"dev-0": HEALTHY, "dev-1": HEALTHY})
+    counters = discovery.stats.counters
+    assert counters.get("health.host_path") == 2 and counters.get("health.recovered") == 2, counters
+    assert counters.get("rescans.periodic", 0) == 0  # inotify told, not the timer
+
+
+def test_device_nodes_must_be_device_nodes_and_optional_entries_do_not_matter(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    cfg = config(short_tmp)
+    nodes = short_tmp / "nodes"
+    nodes.mkdir()
+    os.mknod(nodes / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    (nodes / "plain").write_text("")
+    d = short_tmp / "devices"
+    (d / "node").write_text(f'[[device_nodes]]\nhost_path = "{nodes / "null"}"\ncontainer_path = "/dev/x"\n')
+    (d / "plain").write_text(f'[[device_nodes]]\nhost_path = "{nodes / "plain"}"\ncontainer_path = "/dev/x"\n')
+    (d / "opt").write_text(mount_file(short_tmp / "missing", optional=True) + mount_file(nodes, container="/n"))
+    _, inbox = start(cfg, serve, runners)
+    wait_health(inbox, {"node": HEALTHY, "plain": UNHEALTHY, "opt": HEALTHY})
+    opt = devices(inbox)["opt"]
+    assert [m.container_path for m in opt.mounts] == ["/n"]  # the missing optional mount is left out
+    (short_tmp / "missing").mkdir()
+    wait_until(lambda: len(devices(inbox)["opt"].mounts) == 2, 10, "the optional mount once its source exists")
+    (nodes / "null").unlink()
+    wait_health(inbox, {"node": UNHEALTHY, "plain": UNHEALTHY, "opt": HEALTHY})
+
+
+def probe_script(root: Path) -> str:
+    """A probe whose behaviour per device is the content of <root>/verdicts/<device ID>."""
+    script = root / "probe.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'v=$(cat "{root}/verdicts/$COLA_DEVICE_ID" 2>/dev/null)\n'
+        'case "$v" in\n'
+        "  ok) exit 0 ;;\n"
+        "  hang) echo still thinking; exec sleep 60 ;;\n"
+        '  *) echo "firmware says: $v"; exit 3 ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    (root / "verdicts").mkdir()
+    return str(script)
+
+
+def test_probes_healthy_failing_hanging_flapping_and_no_delay(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    command = probe_script(short_tmp)
+    cfg = config(short_tmp, probe=(command,), probe_timeout=1.5, probe_interval=0.3)
+    verdicts = short_tmp / "verdicts"
+    for name, verdict in (("ok", "ok"), ("bad", "overheated"), ("hung", "hang"), ("flap", "ok")):
+        (verdicts / name).write_text(verdict)
+        (short_tmp / "devices" / name).write_text("")
+    discovery, inbox = start(cfg, serve, runners)
+    wait_health(inbox, {"ok": HEALTHY, "bad": UNHEALTHY, "hung": UNHEALTHY, "flap": HEALTHY})
+    reasons = discovery.watches[RESOURCE].health.reasons
+    assert reasons["bad"] == "probe probe.sh: firmware says: overheated", reasons
+    wait_until(lambda: reasons.get("hung", "").startswith("probe probe.sh: timed out after 1.5s"), 10, "a timeout")
+    # While "hung" hangs again and again, a new device file reaches the plugin at once.
+    (verdicts / "new").write_text("ok")
+    began = time.monotonic()
+    (short_tmp / "devices" / "new").write_text("")
+    wait_until(lambda: "new" in devices(inbox), 10, "the new device")
+    took = time.monotonic() - began
+    assert took < 1.0, f"a new device took {took:.2f}s to reach the plugin while a probe hung"
+    wait_health(inbox, {"ok": HEALTHY, "bad": UNHEALTHY, "hung": UNHEALTHY, "flap": HEALTHY, "new": HEALTHY})
+    for _ in range(3):  # flapping: every turn reaches the plugin
+        (verdicts / "flap").write_text("flaky")
+        wait_until(lambda: devices(inbox)["flap"].health == UNHEALTHY, 10, "flap Unhealthy")
+        (verdicts / "flap").write_text("ok")
+        wait_until(lambda: devices(inbox)["flap"].health == HEALTHY, 10, "flap Healthy")
+    assert discovery.stats.counters.get("health.probe", 0) >= 5  # bad, hung, flap x3
+    assert discovery.runner.in_flight <= cfg.probe_max_in_flight
+
+
+def test_the_cdi_spec_and_the_feature_file_follow_every_change(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    cfg = config(short_tmp, replicas=2)
+    d = short_tmp / "devices"
+    (d / "dev-0").write_text('[envs]\nMODE = "fast"\n')
+    (d / "dev-1").write_text(mount_file(short_tmp / "absent"))
+    spec_path = short_tmp / "cdi" / "colad-example.com-cola.json"
+    features = short_tmp / "features.d" / "colad"
+    _, inbox = start(cfg, serve, runners)
+
+    def spec_names() -> list[str]:
+        return sorted(dev["name"] for dev in json.loads(spec_path.read_text())["devices"])
+
+    want = ["dev-0::0", "dev-0::1", "dev-1::0", "dev-1::1"]
+    wait_until(lambda: spec_path.exists() and spec_names() == want, 10, "the spec")
+    spec = json.loads(spec_path.read_text())
+    assert spec["kind"] == RESOURCE
+    edits = {dev["name"]: dev["containerEdits"] for dev in spec["devices"]}
+    assert "MODE=fast" in edits["dev-0::0"]["env"]
+    labels = nfd.parse(features.read_bytes())
+    assert labels["example.com-cola.devices"] == "2" and labels["example.com-cola.healthy"] == "1", labels
+    (d / "dev-2").write_text("")
+    (d / "dev-0").write_text('[envs]\nMODE = "slow"\n')
+    wait_until(lambda: len(spec_names()) == 6, 10, "dev-2 in the spec")
+
+    def first_env() -> list[str]:
+        return list(json.loads(spec_path.read_text())["devices"][0]["containerEdits"]["env"])
+
+    wait_until(lambda: "MODE=slow" in first_env(), 10, "MODE=slow in the spec")
+    (short_tmp / "absent").mkdir()
+    wait_until(lambda: nfd.parse(features.read_bytes())["example.com-cola.healthy"] == "3", 10, "healthy=3")
+    assert "# +expiry-time=" in features.read_text()
+    assert not [n for n in os.listdir(spec_path.parent) if n != spec_path.name]  # no temporary left behind
