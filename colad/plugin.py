@@ -24,13 +24,13 @@ from colad import registration as reg
 from colad.config import Config, Resource
 from colad.endpoint import Context, Endpoint, ListSent, Servers, withdraw
 from colad.errors import ConfigError, InstanceError
+from colad.framing import Peer
 from colad.httpserver import MetricsServer
 from colad.kubeletdir import socket_identity
 from colad.metrics import Metrics
 from colad.plugin_health import Published, readiness, verdict
 from colad.plugin_sockets import Sockets
 from colad.podresources import InUseWatcher
-from colad.queue import Peer
 from colad.socketpath import SocketRecord
 from colad.status import RoleHealth
 

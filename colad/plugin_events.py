@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from colad import messages
-from colad.queue import Peer
+from colad.framing import Peer
 
 
 class Call(Protocol):

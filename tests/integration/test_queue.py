@@ -25,8 +25,10 @@ import pytest
 from colad.constants import UNHEALTHY
 from colad.devices import Device, DeviceSet
 from colad.errors import InstanceError
+from colad.framing import Peer, frame, peer_of
 from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, KubeletState, Message, Stats
-from colad.queue import Peer, QueueClient, claim_socket_path, frame, peer_of
+from colad.queue_client import QueueClient
+from colad.socketpath import claim_socket_path
 from colad.watch import poll
 from tests.helpers import wait_until
 from tests.integration.support import Serve, bind_socket

@@ -20,7 +20,9 @@ import pytest
 from colad import messages
 from colad.errors import InstanceError
 from colad.metrics import Metrics
-from colad.queue import ForeignPathError, QueueClient, QueueServer, SocketRecord, claim_socket_path
+from colad.queue import QueueServer
+from colad.queue_client import QueueClient
+from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path
 from tests.helpers import wait_until
 from tests.integration.conftest import Serve
 from tests.integration.support import Inbox, bind_socket
