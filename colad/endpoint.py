@@ -19,13 +19,13 @@ from typing import Any
 from colad import constants, log
 from colad import registration as reg
 from colad.config import Resource
+from colad.device_list import FittedList, fit_list
 from colad.devices import DeviceSet
 from colad.kubeletdir import fresh_endpoint, socket_identity
 from colad.messages import DeviceSnapshot
 from colad.metrics import Metrics
-from colad.plugin_events import Call, CallDone, EmptyListSent, StreamChanged
-from colad.service import DeviceBroadcast, DevicePluginServicer, FittedList, RegisterCall, StreamEvents, build_server
-from colad.service import fit_list as fit_list
+from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StreamChanged
+from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 from colad.socketpath import SocketRecord
 from colad.statefile import ListCut, ResourceState
 
@@ -39,15 +39,6 @@ class Servers:
     build: Callable[[DevicePluginServicer, str], Any] = build_server  # bound to the path, not started
     # kubelet socket, endpoint, resource, timeout, pre_start_required
     register: Callable[[str, str, str, float, bool], Call] = RegisterCall
-
-
-@dataclass(frozen=True)
-class ListSent:
-    """A ListAndWatch stream of server `generation` handed the kubelet list `version` (gRPC thread)."""
-
-    resource: str
-    generation: int
-    version: int
 
 
 class SentBroadcast(DeviceBroadcast):

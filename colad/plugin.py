@@ -22,7 +22,7 @@ from colad import log, messages, proc, reload_plan, statefile
 from colad import plugin_events as ev
 from colad import registration as reg
 from colad.config import Config, Resource
-from colad.endpoint import Context, Endpoint, ListSent, Servers, withdraw
+from colad.endpoint import Context, Endpoint, Servers, withdraw
 from colad.errors import ConfigError, InstanceError
 from colad.framing import Peer
 from colad.httpserver import MetricsServer
@@ -134,7 +134,7 @@ class Plugin:
                 self.reload()
             case ev.StreamChanged(resource=name, generation=generation, opened=opened) if name in self.endpoints:
                 self.endpoints[name].stream_changed(generation, opened, now)
-            case ListSent(resource=name, generation=generation, version=version) if name in self.endpoints:
+            case ev.ListSent(resource=name, generation=generation, version=version) if name in self.endpoints:
                 self.endpoints[name].list_sent(generation, version)
             case ev.CallDone(resource=name, call=call, handle=handle):
                 if name in self.endpoints:

@@ -40,6 +40,15 @@ class EmptyListSent:
 
 
 @dataclass(frozen=True)
+class ListSent:
+    """A ListAndWatch stream of server `generation` handed the kubelet list `version`."""
+
+    resource: str
+    generation: int
+    version: int
+
+
+@dataclass(frozen=True)
 class CallDone:
     resource: str
     call: int
@@ -69,4 +78,6 @@ class StopRequested:
     pass
 
 
-Event = Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | EmptyListSent | CallDone
+Event = (
+    Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
+)

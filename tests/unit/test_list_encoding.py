@@ -1,6 +1,6 @@
 """The ListAndWatch message built from cached entries is protobuf's own serialization, byte for byte.
 
-service.encoded_list joins each device's cached entry; these tests compare it with a message
+device_list.encoded_list joins each device's cached entry; these tests compare it with a message
 built the plain way (one pb.Device per device) over random sets and random change sequences
 that keep unchanged Device objects (as snapshots.Receiver does), with topology, health changes,
 removals, replicas and the 4 MiB cut (against the cut computed with ByteSize()).
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from colad import service
+from colad import device_list
 from colad.api import deviceplugin_pb2 as pb
 from colad.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
@@ -82,10 +82,10 @@ def test_the_encoded_list_is_protobufs_own_through_a_sequence_of_changes(seed: i
     held = _random_set(rng, rng.randint(0, 60))
     for _ in range(30):
         expected = _plain(held)
-        assert service.encoded_list(held) == expected
-        assert service.to_response(held).SerializeToString() == expected
+        assert device_list.encoded_list(held) == expected
+        assert device_list.to_response(held).SerializeToString() == expected
         measured = pb.ListAndWatchResponse.FromString(expected).ByteSize()
-        assert service.fit_list(held, 1).size == len(expected) == measured
+        assert device_list.fit_list(held, 1).size == len(expected) == measured
         held = _changed(rng, held)
 
 
@@ -93,19 +93,19 @@ def test_a_fresh_set_of_the_same_devices_encodes_the_same() -> None:
     devices = [Device("a", numa_nodes=(0, 3)), Device("b", UNHEALTHY), Device("c" * 63)]
     first = DeviceSet.of(devices)
     again = DeviceSet.of(Device(d.device_id, d.health, numa_nodes=d.numa_nodes) for d in devices)
-    assert service.encoded_list(first) == service.encoded_list(again) == _plain(first)
-    assert service.encoded_list(DeviceSet()) == b"" == _plain(DeviceSet())
+    assert device_list.encoded_list(first) == device_list.encoded_list(again) == _plain(first)
+    assert device_list.encoded_list(DeviceSet()) == b"" == _plain(DeviceSet())
 
 
 def test_a_changed_device_is_a_new_object_with_its_own_entry() -> None:
     healthy = Device("dev")
-    assert service.list_entry(healthy) == _plain(DeviceSet.of([healthy]))
+    assert device_list.list_entry(healthy) == _plain(DeviceSet.of([healthy]))
     sick = replace(healthy, health=UNHEALTHY)  # dataclasses.replace never carries the cached entry over
-    assert service.list_entry(sick) == _plain(DeviceSet.of([sick])) != service.list_entry(healthy)
+    assert device_list.list_entry(sick) == _plain(DeviceSet.of([sick])) != device_list.list_entry(healthy)
 
 
 def _reference_fit(physical: DeviceSet, replicas: int, limit: int) -> tuple[DeviceSet, int]:
-    """service.fit_list as it was, measuring every candidate with ByteSize()."""
+    """device_list.fit_list as it was, measuring every candidate with ByteSize()."""
     wanted = replicate(physical, replicas)
     size = pb.ListAndWatchResponse.FromString(_plain(wanted)).ByteSize()
     if size <= limit:
@@ -131,18 +131,18 @@ def test_fit_list_matches_the_cut_measured_with_protobuf(seed: int) -> None:
     replicas = rng.choice([1, 1, 2, 3, 11])
     full = len(_plain(replicate(physical, replicas)))
     for limit in (full, full - 1, rng.randint(0, full), 0):
-        fitted = service.fit_list(physical, replicas, limit)
+        fitted = device_list.fit_list(physical, replicas, limit)
         devices, size = _reference_fit(physical, replicas, limit)
         assert fitted.devices == devices and fitted.size == size <= limit
         assert fitted.wanted == len(physical) * max(1, replicas)
-        assert service.encoded_list(fitted.devices) == _plain(devices)
+        assert device_list.encoded_list(fitted.devices) == _plain(devices)
 
 
 def test_replicas_are_kept_on_the_physical_device_and_follow_the_replica_count() -> None:
     physical = DeviceSet.of([Device("a"), Device("a-b", numa_nodes=(1,)), Device("b")])
     for replicas in (2, 11, 2, 1):
-        fitted = service.fit_list(physical, replicas)
+        fitted = device_list.fit_list(physical, replicas)
         assert fitted.devices == replicate(physical, replicas)
-        assert service.encoded_list(fitted.devices) == _plain(replicate(physical, replicas))
-    again = service.fit_list(physical, 2).devices
-    assert all(x is y for x, y in zip(again, service.fit_list(physical, 2).devices, strict=True))
+        assert device_list.encoded_list(fitted.devices) == _plain(replicate(physical, replicas))
+    again = device_list.fit_list(physical, 2).devices
+    assert all(x is y for x, y in zip(again, device_list.fit_list(physical, 2).devices, strict=True))
