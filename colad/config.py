@@ -11,21 +11,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import stat
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from colad import constants
 from colad.allocation import DEFAULT_REPLICA_POLICY
-from colad.cdi import kind_problem as cdi_kind_problem
 from colad.config_checks import (
     CDI_MODES,
     address_problem,
-    alias_problems,
-    bare_dots,
     command_problem,
+    directory_problems,
     expiry_problem,
     in_flight_problem,
     label_prefix_problem,
@@ -35,6 +31,7 @@ from colad.config_checks import (
     policy_problem,
     positive_problem,
     prepare_timeout_problem,
+    resource_name_problems,
     show,
     show_key,
     show_path,
@@ -44,20 +41,14 @@ from colad.config_checks import (
     text_problem,
 )
 from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
+from colad.config_input import convert, read_file
 from colad.errors import ConfigError
 from colad.names import DEFAULT_RESOURCE_NAME, resource_name_problem
-from colad.nfd import label_problem as nfd_label_problem
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
 MAX_REPLICAS = 1000
 MAX_RESOURCES = 32
-# A config file is small (the sample with every key is 4 KB); anything bigger is refused unread.
-MAX_CONFIG_FILE_BYTES = 256 * 1024
-# tomllib is quadratic in the parts of one dotted key (a 60 KB `a.a.a… = 1` parses for 20 s, and
-# every role parses at start and on reload). colad's keys have no dots: a file with more dots
-# outside strings and comments than this is refused before it is parsed.
-MAX_BARE_DOTS = 64
 # At most this many problems are spelled out in the one line of a ConfigError.
 MAX_PROBLEMS_SHOWN = 20
 # Keys a reload cannot change in a running daemon (sockets, listeners, the
@@ -250,75 +241,6 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-
-
-def _convert(field: dataclasses.Field[Any], raw: object) -> object:
-    """Coerce a file/env/flag value to the field's type, or raise ValueError."""
-    kind: type = type(field.default)
-    if kind is bool:
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower() if isinstance(raw, str) else None
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ValueError("must be true or false")
-    if kind is float:
-        if isinstance(raw, bool):
-            raise ValueError("must be a number")
-        return float(raw)  # type: ignore[arg-type]
-    if kind is int:
-        if isinstance(raw, bool) or isinstance(raw, float):
-            raise ValueError("must be a whole number")
-        return int(str(raw).strip()) if isinstance(raw, str) else int(raw)  # type: ignore[call-overload]
-    if kind is tuple:  # a command: a list of strings in the file, a shell-quoted line in the environment
-        if isinstance(raw, str):
-            return tuple(shlex.split(raw))
-        if isinstance(raw, list | tuple) and all(isinstance(a, str) for a in raw):
-            return tuple(raw)
-        raise ValueError("must be a list of strings (the command and its arguments)")
-    if not isinstance(raw, str):
-        raise ValueError("must be a string")
-    return raw
-
-
-def _read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str, Any], str]:
-    """The parsed file and its path ("" when the default file is absent); problems appended."""
-    where = show_path(path)
-    if problem := text_problem(path):
-        problems.append(f"config file {where}: path {problem}")
-        return {}, path
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block us
-    except FileNotFoundError:
-        if explicit:
-            problems.append(f"config file {where}: not found")
-        return {}, ""
-    except OSError as exc:
-        problems.append(f"config file {where}: {exc.strerror or exc}")
-        return {}, path
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                problems.append(f"config file {where}: not a regular file")
-                return {}, path
-            raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
-        if len(raw) > MAX_CONFIG_FILE_BYTES:
-            problems.append(f"config file {where}: larger than {MAX_CONFIG_FILE_BYTES // 1024} KiB")
-            return {}, path
-        text = raw.decode("utf-8")
-        if bare_dots(text) > MAX_BARE_DOTS:
-            problems.append(f"config file {where}: more than {MAX_BARE_DOTS} dotted key parts (colad's keys have none)")
-            return {}, path
-        return tomllib.loads(text), path
-    except (OSError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: UTF-8, TOML, huge ints
-        problems.append(f"config file {where}: {exc}")
-        return {}, path
-
-
 def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Build the Config from defaults, the TOML file, COLAD_* variables and flags."""
     flags = dict(flags or {})
@@ -338,7 +260,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             problems.append(f"config file {show_path(path)}: {exc.strerror or exc}")
     fields = {f.name: f for f in _settable_fields()}
 
-    file_data, path = _read_file(path, explicit, problems)
+    file_data, path = read_file(path, explicit, problems)
     source = f"file {show_path(path)}"
     tables: tuple[Resource, ...] = ()
     labels: list[str] = []
@@ -369,7 +291,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     final: dict[str, object] = {}
     for name, raw in values.items():
         try:
-            value = _convert(fields[name], raw)
+            value = convert(fields[name], raw)
         except (TypeError, ValueError, OverflowError) as exc:
             problems.append(f"{name} ({sources[name]}): {exc}")
             continue
@@ -387,8 +309,8 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         final["log_level"] = str(final["log_level"]).upper()
     pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
     cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
-    problems.extend(_directory_problems(cfg, labels, sources, source, failed))
-    problems.extend(_resource_name_problems(cfg, sources, failed))
+    problems.extend(directory_problems(cfg, labels, sources, source, failed))
+    problems.extend(resource_name_problems(cfg, sources, failed))
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
         if len(problems) > len(shown):
@@ -409,7 +331,7 @@ def _table_value(key: str, value: object) -> tuple[object, str | None]:
         ok = isinstance(value, int) and not isinstance(value, bool)
         return value, None if ok else "must be a whole number"
     try:
-        return _convert(_FIELDS[key], value), None
+        return convert(_FIELDS[key], value), None
     except (TypeError, ValueError, OverflowError) as exc:
         return value, str(exc)
 
@@ -457,36 +379,6 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
             problems.append(f"resources ({source}): name {show(resource.name)} is used by more than one resource")
         seen.add(resource.name)
     return tuple(result), labels
-
-
-def _directory_problems(
-    cfg: Config, labels: list[str], sources: Mapping[str, str], file_source: str, failed: set[str]
-) -> list[str]:
-    """The device directories of `cfg` and colad's own ones, named for config_checks.alias_problems.
-
-    `labels` names each of cfg.resource_tables by its index in the file; a key whose value
-    was refused (`failed`) is left out rather than compared as its default.
-    """
-    if cfg.resource_tables:
-        tables = zip(labels, cfg.resource_tables, strict=True)
-        dirs = [(f"{label}.device_dir", file_source, r.device_dir) for label, r in tables]
-    elif "device_dir" not in failed:
-        dirs = [("device_dir", sources.get("device_dir", "default"), cfg.device_dir)]
-    else:
-        dirs = []
-    own = [(k, sources.get(k, "default"), getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed]
-    return alias_problems(dirs, own)
-
-
-def _resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[str]) -> list[str]:
-    """Settings a resource's name cannot carry: a CDI kind for cdi = "only", NFD label keys with the prefix."""
-    problems = []
-    for resource in cfg.resources if not failed & {"resource_name", "cdi", "nfd_label_prefix"} else ():
-        if cfg.cdi == "only" and (why := cdi_kind_problem(resource.name)) is not None:
-            problems.append(f"cdi ({sources.get('cdi', 'default')}): 'only' needs a CDI kind per resource: {why}")
-        if cfg.nfd_features_file and (why := nfd_label_problem(resource.name, cfg.nfd_label_prefix)) is not None:
-            problems.append(f"nfd_label_prefix ({sources.get('nfd_label_prefix', 'default')}): {why}")
-    return problems
 
 
 def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
