@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from supervisor.options import UnhosedConfigParser
 
-from colad import config, config_input, constants, supervise
+from colad import config, constants, supervise
 from colad.config import Config, load
+from colad.config_input import MAX_CONFIG_FILE_BYTES
 from colad.errors import ConfigError
 from colad.metrics import parse_address
 
@@ -261,7 +262,7 @@ def test_a_relative_config_path_becomes_absolute(tmp_path: Path, monkeypatch: py
     "make, reason",
     [
         pytest.param(lambda p: os.mkfifo(p), "not a regular file", id="fifo-does-not-block"),
-        pytest.param(lambda p: p.write_bytes(b"#" * (config_input.MAX_CONFIG_FILE_BYTES + 1)), "larger than", id="huge"),
+        pytest.param(lambda p: p.write_bytes(b"#" * (MAX_CONFIG_FILE_BYTES + 1)), "larger than", id="huge"),
         pytest.param(lambda p: p.write_text("a." * 30000 + "a = 1\n"), "dotted key", id="quadratic-dotted-key"),
         pytest.param(lambda p: p.write_text("a = " + "[" * 5000), "recursion", id="deep-nesting"),
         pytest.param(lambda p: p.write_text("replicas = " + "9" * 5000), "digits", id="huge-int-literal"),
