@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from colad import constants
 from colad.allocation import REPLICA_POLICIES
 from colad.cdi import kind_problem as cdi_kind_problem
-from colad.devices import command_problem as devices_command_problem
+from colad.device_rules import command_problem as devices_command_problem
 from colad.devices import replica_suffix_length
 from colad.nfd import label_problem
 

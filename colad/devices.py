@@ -8,7 +8,6 @@ clock: the shells do that.
 
 from __future__ import annotations
 
-import posixpath
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -18,12 +17,18 @@ from colad.constants import (
     MAX_DEVICE_ID_LENGTH,
     MAX_DEVICE_LIST_ENTRIES,
     MAX_DEVICE_MAP_ENTRIES,
-    MAX_DEVICE_STRING_BYTES,
     MAX_NUMA_NODE,
-    RESERVED_ENV_PREFIX,
     UNHEALTHY,
 )
-from colad.names import is_dns1123_subdomain, is_qualified_name
+from colad.device_rules import (
+    annotation_key_problem,
+    cdi_name_problem,
+    command_problem,
+    env_name_problem,
+    path_problem,
+    show,
+    text_problem,
+)
 
 # A device ID must be safe for the kubelet (valid UTF-8, at most 63 characters,
 # stable) and for the value of COLA_DEVICES, a comma-separated env list. So:
@@ -42,16 +47,6 @@ REPLICA_SEPARATOR = "::"
 
 # Permissions of a device node (cgroup device rules), in canonical order.
 PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# CDI names "vendor/class=name" (container-device-interface pkg/parser): vendor and class start
-# with a letter and end with a letter or digit; the name starts and ends with a letter or digit.
-# The class takes no '.', the rule of the older CDI releases, so every runtime accepts it.
-_CDI_NAME = re.compile(
-    r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?/[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?"
-    r"=[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z"
-)
-
-
 def id_problem(name: str) -> str | None:
     """Why `name` cannot be a device ID, or None when it can."""
     if not name:
@@ -154,97 +149,6 @@ def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
 # --- validation ----------------------------------------------------------------------------
 
 
-def _show(value: object, limit: int = 60) -> str:
-    """A short one-line repr for a problem text."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def text_problem(value: str) -> str | None:
-    """Why `value` cannot be a string sent to the kubelet (strict UTF-8, bounded, no NUL)."""
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "is not valid UTF-8"
-    if size > MAX_DEVICE_STRING_BYTES:
-        return f"is longer than {MAX_DEVICE_STRING_BYTES} bytes"
-    if "\x00" in value:
-        return "contains a NUL character"
-    return None
-
-
-def path_problem(path: str) -> str | None:
-    """Why `path` is not an absolute, normalised path other than "/", or None."""
-    problem = text_problem(path)
-    if problem is not None:
-        return problem
-    if not path.startswith("/"):
-        return f"{_show(path)} is not an absolute path"
-    if ".." in path.split("/"):
-        return f"{_show(path)} has a '..' component"
-    if path == "/":
-        return "'/' is not allowed"
-    if path.startswith("//") or posixpath.normpath(path) != path:
-        return f"{_show(path)} is not normalised (no '.', '//' or trailing '/')"
-    return None
-
-
-def env_name_problem(name: str) -> str | None:
-    """Why `name` cannot be a container environment variable a device file sets, or None."""
-    if not _ENV_NAME.match(name) or len(name) > MAX_DEVICE_STRING_BYTES:
-        return f"{_show(name)} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
-    if name.startswith(RESERVED_ENV_PREFIX):
-        return f"{_show(name)} is reserved: colad sets the {RESERVED_ENV_PREFIX}* variables"
-    return None
-
-
-def annotation_key_problem(key: str) -> str | None:
-    """Why `key` is not a Kubernetes qualified name ([dns-subdomain '/'] name), or None."""
-    parts = key.split("/")
-    name = parts[-1]
-    if len(parts) > 2:
-        return f"{_show(key)} has more than one '/'"
-    if len(parts) == 2 and not is_dns1123_subdomain(parts[0]):
-        return f"{_show(key)}: the prefix must be a lower-case DNS subdomain of at most 253 characters"
-    if not is_qualified_name(name):
-        return (
-            f"{_show(key)}: the name must be 1-63 characters of A-Z a-z 0-9 - _ ., "
-            "starting and ending with a letter or digit"
-        )
-    return None
-
-
-MAX_COMMAND_ARGS = 64
-MAX_COMMAND_ARG_BYTES = 4096
-
-
-def command_problem(command: tuple[str, ...]) -> str | None:
-    """Why `command` cannot be a probe or prepare argv (run without a shell), or None; () means none."""
-    if not command:
-        return None
-    if len(command) > MAX_COMMAND_ARGS:
-        return f"has more than {MAX_COMMAND_ARGS} arguments"
-    for i, arg in enumerate(command):
-        if "\x00" in arg:
-            return f"argument {i} contains a NUL character"
-        try:
-            size = len(arg.encode("utf-8"))
-        except UnicodeEncodeError:
-            return f"argument {i} is not valid UTF-8"
-        if size > MAX_COMMAND_ARG_BYTES:
-            return f"argument {i} is longer than {MAX_COMMAND_ARG_BYTES} bytes"
-    if not command[0].startswith("/"):
-        return "must start with the command's absolute path (it runs without a shell and without PATH lookup)"
-    return None
-
-
-def cdi_name_problem(name: str) -> str | None:
-    """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
-    if len(name) > MAX_DEVICE_STRING_BYTES or not _CDI_NAME.match(name):
-        return f"{_show(name)} is not a fully qualified CDI name vendor.com/class=name"
-    return None
-
-
 def device_problem(device: Device) -> str | None:
     """Why the fields of `device` (all but the ID) are not valid, or None; the text names the field.
 
@@ -253,7 +157,7 @@ def device_problem(device: Device) -> str | None:
     be allocated.
     """
     if device.health not in HEALTH_VALUES:
-        return f"health {_show(device.health)} is not one of {', '.join(HEALTH_VALUES)}"
+        return f"health {show(device.health)} is not one of {', '.join(HEALTH_VALUES)}"
     if device.problem:
         if device != Device(device.device_id, UNHEALTHY, problem=device.problem):
             return "problem: a malformed device must be Unhealthy and carry nothing else"
@@ -284,20 +188,20 @@ def device_problem(device: Device) -> str | None:
             if problem is not None:
                 return f"{key}.{suffix} {problem}"
         if container_path in seen:
-            return f"{key}.container_path {_show(container_path)} is already used by {seen[container_path]}"
+            return f"{key}.container_path {show(container_path)} is already used by {seen[container_path]}"
         seen[container_path] = key
     for key, command in (("probe", device.probe), ("prepare", device.prepare)):
         if command is not None and (problem := command_problem(command)) is not None:
             return f"{key} {problem}"
     for i, dn in enumerate(device.device_nodes):
         if dn.permissions not in PERMISSIONS:
-            return f"device_nodes[{i}].permissions {_show(dn.permissions)} is not a non-empty combination of r, w, m"
+            return f"device_nodes[{i}].permissions {show(dn.permissions)} is not a non-empty combination of r, w, m"
     for i, name in enumerate(device.cdi_devices):
         problem = cdi_name_problem(name)
         if problem is not None:
             return f"cdi_devices[{i}] {problem}"
         if name in device.cdi_devices[:i]:
-            return f"cdi_devices[{i}] {_show(name)} is listed twice"
+            return f"cdi_devices[{i}] {show(name)} is listed twice"
     for table, pairs, key_problem in (
         ("envs", device.envs, env_name_problem),
         ("annotations", device.annotations, annotation_key_problem),
