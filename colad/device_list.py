@@ -62,7 +62,8 @@ def encoded_list(devices: DeviceSet) -> bytes:
 
 def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
     """The message for `devices`, parsed from encoded_list(): one C-speed parse instead of a Device object each."""
-    return pb.ListAndWatchResponse.FromString(encoded_list(devices))
+    response: pb.ListAndWatchResponse = pb.ListAndWatchResponse.FromString(encoded_list(devices))
+    return response
 
 
 def _replicas(device: Device, replicas: int) -> tuple[Device, ...]:

@@ -1,10 +1,9 @@
-"""Every colad metric, defined once on an explicit registry, plus the /metrics and /healthz server.
+"""Every colad metric, defined once on an explicit registry (served by httpserver.py).
 
-Only the plugin process imports this (discovery and the watcher stay free of
-prometheus_client and gRPC). Their counters arrive as Stats messages over the
-local queue and are exported here, together with the standard process
-figures of every colad process, read from /proc by pid. Works with
-prometheus-client 0.16 (Debian bookworm) and current releases: no newer API.
+Only the plugin process imports this: discovery and the watcher stay free of prometheus_client;
+their counters arrive as Stats messages and are exported by collectors.py, with the process
+figures of every colad role. Works with prometheus-client 0.16 (Debian bookworm) and current
+releases: no newer API.
 """
 
 from __future__ import annotations
@@ -25,16 +24,13 @@ from prometheus_client.core import Metric
 from prometheus_client.metrics import MetricWrapperBase
 
 from colad import __version__, constants, log
-from colad.collectors import QUEUE_EVENTS, RESCAN_REASONS, PeerCollector, Peers, StateCollector
-from colad.httpserver import MetricsServer, parse_address
+from colad.collectors import QUEUE_EVENTS, PeerCollector, Peers, StateCollector
+from colad.httpserver import parse_address
 from colad.statefile import PluginState
 
 LOG = log.get(__name__)
-# Re-exported: the server and the collectors lived here before httpserver.py and collectors.py.
-__all__ = [
-    "RESCAN_REASONS", "Metrics", "MetricsServer", "PeerCollector", "Peers", "Registry", "StateCollector",
-    "parse_address",
-]
+# parse_address is re-exported for tests/unit/test_kubernetes_manifests.py, which imports it from here.
+__all__ = ["Metrics", "Registry", "parse_address"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SERVER_RESTART_REASONS = (

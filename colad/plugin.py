@@ -1,10 +1,9 @@
 """Role `colad plugin`: serves the DevicePlugin API to the kubelet and keeps each resource registered.
 
-Threads: the life-cycle thread (`Plugin.run`) owns every mutable thing: the endpoints
-(endpoint.py, one per resource, stepped by registration.py), the snapshots, the queue
-server and the published `Published` snapshot. The queue thread, gRPC threads and the
-signal thread only post typed events to it; the HTTP thread (/metrics, /healthz) only
-reads the published snapshot. SIGHUP reloads: reload_plan.plan, then its execution.
+The life-cycle thread (`Plugin.run`) owns every mutable thing: the endpoints (endpoint.py,
+one per resource, stepped by registration.py), the snapshots, the queue server and the
+`Published` snapshot. Queue, gRPC and signal threads only post typed events (plugin_events.py);
+the HTTP thread only reads the published snapshot. SIGHUP: reload_plan.plan, then its execution.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """`colad status`: each process' state, whether the plugin is registered, the device count, and who holds each device.
 
-Reads: supervisord's XML-RPC interface on <run_dir>/supervisor.sock, the
-plugin's state file and the in-use view (state/inuse.json, from podresources.py).
-Writes: a table (or JSON) to stdout. The in-use view never changes the exit code.
-Exit codes: 0 registered, every process RUNNING or STARTING; 1 degraded; 3 colad is not
-running; 4 starting: not registered yet, for no reason but the start (docs: man colad(8)).
+Reads supervisord's XML-RPC on <run_dir>/supervisor.sock, the plugin's state file and the
+in-use view (state/inuse.json); writes a table (or JSON). The in-use view never changes the exit
+code: 0 registered, every process RUNNING or STARTING; 1 degraded; 3 colad is not running;
+4 starting: not registered yet, for no reason but the start (man colad(8)).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from colad import config, constants, supervise
 from colad.config import Config, load
 from colad.config_input import MAX_CONFIG_FILE_BYTES
 from colad.errors import ConfigError
-from colad.metrics import parse_address
+from colad.httpserver import parse_address
 
 pytestmark = pytest.mark.unit
 
