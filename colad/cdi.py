@@ -49,8 +49,12 @@ class Spec:
         return str(self.document["cdiVersion"])
 
     def encode(self) -> bytes:
-        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite)."""
-        return (json.dumps(self.document, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
+        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite).
+
+        Compact: `indent` makes json use its pure-Python encoder (124 ms against 16 ms for
+        10,000 devices), and discovery writes the spec on every change.
+        """
+        return (json.dumps(self.document, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
 def kind_problem(resource_name: str) -> str | None:

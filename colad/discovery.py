@@ -367,6 +367,7 @@ class Discovery(watch.WatcherLoop):
         self.nfd_dirty = False
         self.failed_writes: dict[str, str] = {}  # file -> the error last logged for it
         self.host_recheck = False  # a watch was added: look at the host paths again
+        self.specs_dirty: set[str] = set()  # resources whose CDI spec is written at the end of this turn
         self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
 
@@ -414,8 +415,7 @@ class Discovery(watch.WatcherLoop):
                 self.stats.count("input.rescan_failed")
                 rw.follow_up = self.clock() + UNUSABLE_RETRY_S
         if watches is None:  # the periodic pass also retries a spec or feature file that could not be written
-            for rw in targets:
-                self._write_spec(rw)
+            self.specs_dirty.update(rw.resource.name for rw in targets)
             self.nfd_dirty = self.features is not None
         self._after_scan(targets)
 
@@ -440,6 +440,14 @@ class Discovery(watch.WatcherLoop):
         if probes:
             wanted = {rw.health.key(i): p for rw in self.watches.values() for i, p in rw.health.probes.items()}
             self.runner.set_probes(wanted)
+
+    def _write_outputs(self) -> None:
+        """The CDI specs and the feature file of what changed this turn, once per turn: each is
+        O(devices) to build (36 ms and 1.2 MB for 10,000), so a burst of changes costs one write."""
+        for name in sorted(self.specs_dirty):
+            if name in self.watches:
+                self._write_spec(self.watches[name])
+        self.specs_dirty.clear()
         if self.nfd_dirty:
             self._write_features()
 
@@ -569,7 +577,7 @@ class Discovery(watch.WatcherLoop):
         rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
-        self._write_spec(rw)
+        self.specs_dirty.add(rw.resource.name)
         self.nfd_dirty = self.features is not None
         LOG.info(
             "device set changed",
@@ -673,6 +681,7 @@ class Discovery(watch.WatcherLoop):
         if unusable:
             self.rescan("followup", unusable)
         self._health_step()
+        self._write_outputs()
         self.finish(self.clock())
 
     def _health_step(self) -> None:
@@ -705,7 +714,7 @@ class Discovery(watch.WatcherLoop):
 
     def timeout(self) -> float:
         follow_ups = [rw.follow_up for rw in self.watches.values() if rw.follow_up is not None]
-        if self.host_recheck:
+        if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:
             return 0.0
         probe = self.runner.next_deadline()
         extra = [t for t in (probe, self.nfd_refresh if self.features is not None else None) if t is not None]
