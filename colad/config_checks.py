@@ -181,7 +181,7 @@ def positive_problem(value: float) -> str | None:
 
 
 def command_problem(value: tuple[str, ...]) -> str | None:
-    """Why `value` cannot be a probe or prepare command, or None (devices.command_problem, plus text rules)."""
+    """Why `value` cannot be a probe or prepare command, or None (device_rules.command_problem, plus text rules)."""
     for i, arg in enumerate(value):
         if problem := text_problem(arg):
             return f"argument {i} {problem}"

@@ -159,7 +159,7 @@ class Metrics:
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
         self.peers = Peers()
         r.register(PeerCollector(self.peers, lambda: dict(self.queue_events), lambda: dict(self.input_rejected)))
-        # The ListAndWatch answer measured against the kubelet's 4 MiB receive limit (service.fit_list).
+        # The ListAndWatch answer measured against the kubelet's 4 MiB receive limit (device_list.fit_list).
         self.list_bytes = Gauge(
             "colad_list_and_watch_message_bytes",
             "Encoded size of the latest device list for the kubelet, by resource.",
