@@ -722,10 +722,13 @@ class Discovery(watch.WatcherLoop):
 
     def apply_config(self, previous: Config) -> None:
         """A reload: stop watching removed resources, watch and scan new or changed ones."""
+        self._apply_outputs(previous)
         wanted = {r.name: r for r in self.cfg.resources}
-        for name in [n for n, rw in self.watches.items() if wanted.get(n) != rw.resource]:
+        recheck = self.cfg.host_path_check != previous.host_path_check  # every device is looked at anew
+        for name in [n for n, rw in self.watches.items() if recheck or wanted.get(n) != rw.resource]:
             rw = self.watches.pop(name)
             rw.dir.close()
+            rw.shown = {}  # not "healthy again": the resource is dropped or watched anew
             rw.health.forget_all_but(set())
             self._after_scan([rw])
             if name not in wanted:
@@ -742,6 +745,23 @@ class Discovery(watch.WatcherLoop):
         self.watches = {name: self.watches[name] for name in wanted}  # config order
         if added:
             self.rescan("start", added)
+
+    def _apply_outputs(self, previous: Config) -> None:
+        """A reload's new spec directory, CDI mode, feature file, label prefix or probe limit."""
+        cfg = self.cfg
+        self.runner.max_in_flight = max(1, cfg.probe_max_in_flight)
+        if (cfg.cdi, cfg.cdi_spec_dir) != (previous.cdi, previous.cdi_spec_dir):
+            for name in self.watches:  # out of the old directory (or CDI off): no stale spec left behind
+                self._remove_spec(name)
+            self.spec_writer = cdi.SpecWriter(cfg.cdi_spec_dir) if cfg.cdi != "off" and cfg.cdi_spec_dir else None
+            self.specs_dirty.update(self.watches)
+        nfd_keys = ("nfd_features_file", "nfd_label_prefix", "nfd_expiry")
+        if cfg.nfd_features_file != previous.nfd_features_file:
+            if self.features is not None:
+                self._write("nfd", self.features.path, self.features.remove)
+            self.features = nfd.FeatureFileWriter(cfg.nfd_features_file) if cfg.nfd_features_file else None
+        if any(getattr(cfg, k) != getattr(previous, k) for k in nfd_keys):
+            self.nfd_refresh, self.nfd_dirty = 0.0, self.features is not None
 
     def run(self) -> int:
         self.run_dir.ensure()

@@ -9,6 +9,7 @@ only inotify and the probe runner can have told discovery.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -201,3 +202,35 @@ def test_the_cdi_spec_and_the_feature_file_follow_every_change(
     wait_until(lambda: nfd.parse(features.read_bytes())["example.com-cola.healthy"] == "3", 10, "healthy=3")
     assert "# +expiry-time=" in features.read_text()
     assert not [n for n in os.listdir(spec_path.parent) if n != spec_path.name]  # no temporary left behind
+
+
+def test_a_reload_moves_the_spec_and_the_feature_file(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    cfg = config(short_tmp)
+    (short_tmp / "devices" / "dev-0").write_text(mount_file(short_tmp / "absent"))
+    old_spec = short_tmp / "cdi" / "colad-example.com-cola.json"
+    old_features = short_tmp / "features.d" / "colad"
+    _, inbox = serve(cfg.queue_socket)
+    discovery = Discovery(cfg)
+    runner = runners(discovery)
+    begin(discovery)
+    runner.start()
+    wait_until(lambda: old_spec.exists() and old_features.exists(), 10, "the spec and the feature file")
+    runner.stop()
+    new = dataclasses.replace(
+        cfg,
+        cdi_spec_dir=str(short_tmp / "cdi2"),
+        nfd_features_file=str(short_tmp / "nfd2" / "colad"),
+        nfd_label_prefix="example.com",
+        host_path_check=False,
+    )
+    discovery.cfg = new
+    discovery.apply_config(cfg)
+    runner.start()
+    wait_until(lambda: (short_tmp / "cdi2" / old_spec.name).exists(), 10, "the spec in the new directory")
+    assert not old_spec.exists() and not old_features.exists()
+    wait_health(inbox, {"dev-0": HEALTHY})  # host paths are no longer checked
+    labels = nfd.parse((short_tmp / "nfd2" / "colad").read_bytes())
+    want = {"present": "true", "devices": "1", "healthy": "1"}
+    assert labels == {f"example.com/cola.{k}": v for k, v in want.items()}
