@@ -52,7 +52,10 @@ NICE_COMMANDS = {"watchdog": 10}
 
 if __name__ == "__main__":
     if command_of(sys.argv[1:]) in NICE_COMMANDS:
-        os.nice(NICE_COMMANDS[command_of(sys.argv[1:])])
+        try:
+            os.nice(NICE_COMMANDS[command_of(sys.argv[1:])])
+        except OSError:
+            pass  # setpriority is refused by colad.service's SystemCallFilter=~@resources: run at normal priority
     if command_of(sys.argv[1:]) not in ROLE_COMMANDS:
         restore_signals(command_of(sys.argv[1:]))
 
