@@ -63,6 +63,8 @@ HOST_PATH_EVENTS = (
     | pyinotify.IN_MOVE_SELF
     | pyinotify.IN_ONLYDIR
 )
+# Every further ancestor: only its own move or removal (which no event below it would tell).
+HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
 # A directory that cannot be listed (ELOOP, EACCES, EIO...) may send no event when it heals.
 UNUSABLE_RETRY_S = 2.0
 # A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
@@ -359,7 +361,7 @@ class Discovery(watch.WatcherLoop):
         # Host-path watches in their own inotify: a shared one would merge them with the device
         # directories' watches (one wd per inode) and a removal would end both.
         self.host_inotify = watch.Inotify(self.stats.count)
-        self.host_wds: dict[str, int] = {}
+        self.host_wds: dict[str, tuple[int, int]] = {}  # directory -> (wd, mask)
         self.spec_writer = cdi.SpecWriter(cfg.cdi_spec_dir) if cfg.cdi != "off" and cfg.cdi_spec_dir else None
         self.features = nfd.FeatureFileWriter(cfg.nfd_features_file) if cfg.nfd_features_file else None
         self.nfd_expires = ""  # the expiry-time the feature file carries until its next refresh
@@ -454,19 +456,31 @@ class Discovery(watch.WatcherLoop):
     def _sync_host_watches(self) -> None:
         """Watch exactly the directories the devices' host paths need (at most MAX_WATCH_DIRS).
 
-        A directory newly watched may have changed before its watch existed (mkdir -p): the
+        Each path's nearest existing parent gets the name events; its further ancestors only
+        their own move or removal (renaming /a moves /a/b/x away without an event in /a/b). A
+        directory newly watched may have changed before its watch existed (mkdir -p): the
         devices are looked at again next turn, until the set of watches stops changing.
         """
-        wanted: set[str] = set()
+        parents: set[str] = set()
         for rw in self.watches.values():
-            wanted.update(d for d, n in rw.health.dir_refs.items() if n > 0)
-        keep = set(sorted(wanted, key=lambda d: (d.count("/"), d))[: hostpaths.MAX_WATCH_DIRS])
-        for path in [p for p in self.host_wds if p not in keep]:
-            self.host_inotify.remove(self.host_wds.pop(path))
-        for path in sorted(keep - self.host_wds.keys()):
-            wd = self.host_inotify.add(path, HOST_PATH_EVENTS)
-            if wd is not None:  # gone meanwhile: its event is on the way, or the periodic rescan sees it
-                self.host_wds[path] = wd
+            parents.update(d for d, n in rw.health.dir_refs.items() if n > 0)
+        masks: dict[str, int] = {}
+        for path in parents:
+            up = os.path.dirname(path)
+            while up not in ("/", "") and up not in masks:
+                masks[up] = HOST_ANCESTOR_EVENTS
+                up = os.path.dirname(up)
+        masks.update(dict.fromkeys(parents, HOST_PATH_EVENTS))
+        keep = sorted(masks, key=lambda d: (d.count("/"), d))[: hostpaths.MAX_WATCH_DIRS]
+        wanted = {path: masks[path] for path in keep}
+        for path, (wd, mask) in list(self.host_wds.items()):
+            if wanted.get(path) != mask:
+                del self.host_wds[path]
+                self.host_inotify.remove(wd)
+        for path in sorted(wanted.keys() - self.host_wds.keys()):
+            added = self.host_inotify.add(path, wanted[path])
+            if added is not None:  # gone meanwhile: its event is on the way, or the periodic rescan sees it
+                self.host_wds[path] = (added, wanted[path])
                 self.host_recheck = True
 
     def _write_spec(self, rw: ResourceWatch) -> None:
@@ -689,8 +703,10 @@ class Discovery(watch.WatcherLoop):
         re-check their devices; both only those devices (O(change)), never waiting."""
         events = self.host_inotify.read()
         for event in events:
-            if event.mask & pyinotify.IN_IGNORED:  # the kernel dropped that watch: re-added by the sync
-                self.host_wds = {p: wd for p, wd in self.host_wds.items() if wd != event.wd}
+            if event.mask & watch.SELF_GONE:  # that path no longer names the inode watched: the sync re-adds it
+                if not event.mask & pyinotify.IN_IGNORED:
+                    self.host_inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
+                self.host_wds = {p: w for p, w in self.host_wds.items() if w[0] != event.wd}
         if events or self.host_recheck:
             self.host_recheck = False
             named = {n: set(rw.health.watched) for n, rw in self.watches.items() if rw.health.watched}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
+import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -19,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from colad import nfd
+from colad import devicefile, hostpaths, messages, nfd
 from colad.config import Config
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device
+from colad.devices import Device, DeviceSet
 from colad.discovery import Discovery
 from colad.messages import DeviceSnapshot
 from tests.helpers import wait_until
@@ -31,6 +33,7 @@ from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_conf
 pytestmark = pytest.mark.integration
 
 RESOURCE = "example.com/cola"
+OPERATIONS = 300
 
 
 def config(root: Path, **overrides: object) -> Config:
@@ -234,3 +237,62 @@ def test_a_reload_moves_the_spec_and_the_feature_file(
     labels = nfd.parse((short_tmp / "nfd2" / "colad").read_bytes())
     want = {"present": "true", "devices": "1", "healthy": "1"}
     assert labels == {f"example.com/cola.{k}": v for k, v in want.items()}
+
+
+@pytest.mark.parametrize("seed", [1515, 7, 2026])  # 1515: a watched directory moved away, then made again
+def test_host_path_health_equals_a_fresh_check_after_random_file_operations(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner], seed: int
+) -> None:
+    """The property: whatever happens to the host paths, once inotify has told, the advertised
+    set is what hostpaths.check() of the device files says now (no watch missed, nothing stale)."""
+    rng = random.Random(seed)
+    cfg = config(short_tmp)
+    host = short_tmp / "host"
+    dirs = [Path(*parts) for parts in (("a",), ("a", "b"), ("a", "b", "c"), ("d",), ("d", "e"))]
+    leaves = [host / d / name for d in dirs for name in ("x", "y")]
+    texts = {}
+    for i in range(4):
+        chosen = rng.sample(leaves, 2)
+        optional = "optional = true\n" if i == 3 else ""
+        texts[f"dev-{i}"] = "".join(
+            f'[[mounts]]\nhost_path = "{p}"\ncontainer_path = "/m{j}"\n{optional if j else ""}'
+            for j, p in enumerate(chosen)
+        )
+        (short_tmp / "devices" / f"dev-{i}").write_text(texts[f"dev-{i}"])
+    _, inbox = start(cfg, serve, runners)
+
+    def expected() -> dict[str, Device]:
+        raw = DeviceSet.of(devicefile.parse(n, t.encode()) for n, t in texts.items())
+        return {d.device_id: d for d in hostpaths.check(raw).devices}
+
+    def operate() -> str:
+        target = host / rng.choice(dirs) / rng.choice(("x", "y", ""))
+        kind = rng.choice(("make", "make", "remove", "move"))
+        if kind == "make":
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.name in ("x", "y") and not target.exists():
+                target.write_text("")
+        elif kind == "remove" and target.exists():
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        elif kind == "move" and target.exists():  # away, then gone: the watched directory itself may move
+            moved = short_tmp / f"moved-{len(done)}"
+            target.rename(moved)
+        return f"{kind} {target.relative_to(short_tmp)}"
+
+    def agrees(want: dict[str, Device]) -> bool:
+        # As the wire carries them (an entry's `optional` stays in discovery).
+        got = {i: messages.device_entry(d) for i, d in devices(inbox).items()}
+        want = {i: messages.device_entry(d) for i, d in want.items()}  # type: ignore[misc]
+        if got != want:
+            wrong = {i: (got.get(i), want[i]) for i in want if got.get(i) != want[i]}
+            raise AssertionError(f"advertised (got, want): {wrong}")
+        return True
+
+    done: list[str] = []
+    for _ in range(OPERATIONS):
+        done.append(operate())
+        want = expected()
+        wait_until(lambda w=want: agrees(w), 10, f"the fresh check after {done[-5:]}")  # type: ignore[misc]
