@@ -266,6 +266,12 @@ def check_service(box: Container, kubelet: FakeKubelet, plugin_dir: Path, step: 
     assert left == [], left
     assert box.run("test", "-e", "/run/colad", check=False).returncode == 1
     assert sorted(p.name for p in plugin_dir.iterdir() if p.name.startswith("colad")) == []
+    # The guard of the other e2e tests, for the installed package: no role ever printed a traceback, and
+    # supervisord restarted no program the test did not kill (it killed supervisord itself once).
+    whole = journal(box)
+    assert "Traceback (most recent call last)" not in whole, whole[-4000:]
+    unexpected = [line for line in whole.splitlines() if "not expected" in line and "exited:" in line]
+    assert unexpected == [], unexpected
 
 
 def check_purge(box: Container, plugin_dir: Path) -> None:
