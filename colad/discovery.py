@@ -703,13 +703,30 @@ class Discovery(watch.WatcherLoop):
         re-check their devices; both only those devices (O(change)), never waiting."""
         events = self.host_inotify.read()
         for event in events:
-            if event.mask & watch.SELF_GONE:  # that path no longer names the inode watched: the sync re-adds it
-                if not event.mask & pyinotify.IN_IGNORED:
-                    self.host_inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
-                self.host_wds = {p: w for p, w in self.host_wds.items() if w[0] != event.wd}
+            if event.mask & watch.SELF_GONE:
+                # That path, and every path under it, no longer names the inode watched (the watches
+                # below a moved directory followed it): let go of them all; the sync adds them by path.
+                under = event.path.rstrip("/") + "/"
+                for path, (wd, _) in list(self.host_wds.items()):
+                    if wd == event.wd or path.startswith(under):
+                        del self.host_wds[path]
+                        self.host_inotify.remove(wd)
         if events or self.host_recheck:
+            # Only the devices with a path in a directory that had an event, or under one that
+            # moved or went; an overflow or a watch just added: every device that names a path.
+            every = self.host_recheck or any(e.overflow for e in events)
             self.host_recheck = False
-            named = {n: set(rw.health.watched) for n, rw in self.watches.items() if rw.health.watched}
+            touched = {e.path for e in events}
+            gone = tuple(e.path.rstrip("/") + "/" for e in events if e.mask & watch.SELF_GONE)
+
+            def concerned(dirs: frozenset[str]) -> bool:
+                return every or not dirs.isdisjoint(touched) or any(d.startswith(gone) for d in dirs)
+
+            named = {}
+            for n, rw in self.watches.items():
+                ids = {i for i, dirs in rw.health.dirs.items() if concerned(dirs)}
+                if ids:
+                    named[n] = ids
             if named:
                 self.rescan("hostpath", [self.watches[n] for n in named], named, ())
             self._sync_host_watches()
