@@ -218,8 +218,13 @@ def check_service(box: Container, kubelet: FakeKubelet, plugin_dir: Path, step: 
     lines = [line for line in journal(box).splitlines() if 'msg="register to kubelet successfully"' in line]
     assert any("proc=plugin" in line and f"endpoint={registration.endpoint}" in line for line in lines), lines
     wait_until(lambda: box.run("colad", "status", check=False).returncode == 0, 15, "`colad status` to exit 0")
-    health = box.run("python3", "-c", "import urllib.request as u; print(u.urlopen("
-                     "'http://127.0.0.1:9647/healthz', timeout=5).read().decode())")
+    # /healthz also waits for supervisord to call every program RUNNING (startsecs), which `colad status`
+    # does not count as degraded: wait for it, and keep its 503 reasons if it never comes.
+    health = wait_until(
+        lambda: (r := box.run("python3", "-c", "import urllib.request as u; print(u.urlopen("
+                              "'http://127.0.0.1:9647/healthz', timeout=5).read().decode())", check=False)
+                 ).returncode == 0 and r,
+        15, "/healthz to answer 200")
     assert health.stdout.startswith("ok: registered as myway5.com/cola, 2 devices"), health.stdout
     step("registered, listed, allocated; status and /healthz answer")
 
