@@ -78,11 +78,13 @@ def test_runs_supervise_and_restarts_on_failure() -> None:
     assert unit["WantedBy"] == ["multi-user.target"]
 
 
-def test_writes_only_to_the_kubelet_directory_and_its_run_directory() -> None:
+def test_writes_only_to_the_kubelet_directory_the_cdi_directory_and_its_run_directory() -> None:
     unit = settings()
     assert unit["ProtectSystem"] == ["strict"]
     # '-': a missing directory must not fail the start with 226/NAMESPACE.
-    assert unit["ReadWritePaths"] == ["-/var/lib/kubelet/device-plugins"]
+    assert unit["ReadWritePaths"] == ["-/var/lib/kubelet/device-plugins", "-/run/cdi"]
+    # Both exist before the sandbox is set up for ExecStart (/run/cdi is a tmpfs, empty after a boot).
+    assert "+/bin/mkdir -p -m 0755 /run/cdi" in unit["ExecStartPre"]
     assert (unit["RuntimeDirectory"], unit["RuntimeDirectoryMode"]) == (["colad"], ["0700"])
     assert unit["ProtectHome"] == ["yes"] and unit["PrivateTmp"] == ["yes"]
     assert unit["CapabilityBoundingSet"] == [""] and unit["NoNewPrivileges"] == ["yes"]
