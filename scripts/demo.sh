@@ -13,6 +13,7 @@ export COLAD_CONFIG="$top/conf/colad.toml"
 export COLAD_DEVICE_DIR="$sandbox/colas"
 export COLAD_KUBELET_DIR="$sandbox/kubelet"
 export COLAD_RUN_DIR="$sandbox/run"
+export COLAD_CDI_SPEC_DIR="$sandbox/cdi"
 export COLAD_METRICS_ADDRESS="127.0.0.1:9647"
 colad="$top/.venv/bin/colad"
 

@@ -37,6 +37,25 @@ def colad_guard() -> Iterator[None]:
     _fail_on_guard_problems()
 
 
+# The machine's own CDI spec directories: a test that wrote colad's spec there would change what every
+# container runtime on this machine resolves (and race other runs). Tests point cdi_spec_dir elsewhere.
+MACHINE_CDI_DIRS = (Path("/etc/cdi"), Path("/run/cdi"))
+
+
+def _colad_specs() -> set[str]:
+    return {str(p) for d in MACHINE_CDI_DIRS if d.is_dir() for p in d.iterdir() if p.name.startswith("colad-")}
+
+
+@pytest.fixture(autouse=True)
+def machine_cdi_dirs_untouched() -> Iterator[None]:
+    before = _colad_specs()
+    yield
+    after = _colad_specs()
+    if after != before:
+        pytest.fail(f"a test changed colad's specs in the machine's CDI directories: {sorted(after ^ before)}",
+                    pytrace=False)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def colad_guard_session() -> Iterator[None]:
     """What a module- or session-scoped service logged while it was being stopped."""

@@ -131,6 +131,8 @@ class ColadService:
                 "COLAD_DEVICE_DIR": str(self.device_dir),
                 "COLAD_KUBELET_DIR": str(self.kubelet_dir),
                 "COLAD_RUN_DIR": str(self.run_dir),
+                # Never the machine's own /var/run/cdi: tests must not touch the host's runtime specs.
+                "COLAD_CDI_SPEC_DIR": str(root / "cdi"),
                 "COLAD_METRICS_ADDRESS": "127.0.0.1:0",
                 "COLAD_LOG_LEVEL": "DEBUG",
             }

@@ -31,6 +31,7 @@ def make_config(root: Path, **overrides: object) -> Config:
         "device_dir": str(root / "devices"),
         "kubelet_dir": str(root / "kubelet"),
         "run_dir": str(root / "run"),
+        "cdi_spec_dir": str(root / "cdi"),  # never the machine's own /var/run/cdi
         "rescan_interval": 3600.0,
     }
     values.update(overrides)
