@@ -35,9 +35,25 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         return
     if result != 0:
         LOG.warning("cannot ask to die with the parent", errno=ctypes.get_errno())
-    elif os.getppid() != parent:
+    elif os.getppid() != parent or (_spawned_by_supervisord() and not _is_supervisord(parent)):
+        # The second case: supervisord died before even the first getppid() above, so `parent` is
+        # already whoever adopted us (init, a subreaper). Found by the test suite: a plugin whose
+        # supervisord was SIGKILLed during its start-up lived on as an orphan.
         LOG.warning("parent died during start-up", parent=parent)
         os.kill(os.getpid(), sig)
+
+
+def _spawned_by_supervisord() -> bool:
+    # supervisord sets this in every child's environment (supervisor/process.py, Subprocess._spawn).
+    return os.environ.get("SUPERVISOR_ENABLED") == "1"
+
+
+def _is_supervisord(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"supervisord" in handle.read()
+    except OSError:
+        return False
 
 
 def setup_role() -> None:
