@@ -66,7 +66,8 @@ soak: setup
 	$(VENV)/bin/python -m tests.chaos.soak --minutes $(SOAK_MINUTES) --fuzz-seconds 60
 
 lint: setup
-	$(VENV)/bin/ruff check colad tests
+	$(VENV)/bin/ruff check colad tests bench
+	$(VENV)/bin/ruff format --check colad tests bench
 	$(VENV)/bin/mypy
 
 # Regenerate the committed stubs from colad/api/deviceplugin.proto and colad/api/podresources.proto.

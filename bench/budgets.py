@@ -83,8 +83,12 @@ def _largest(results: dict[str, Any]) -> list[Verdict]:
     if not got:
         return []
     return [
-        Verdict(f"ListAndWatch message at {count:,} devices (kubelet limit)", got["message_bytes"],
-                KUBELET_MAX_RECV_MESSAGE_BYTES, " B"),
+        Verdict(
+            f"ListAndWatch message at {count:,} devices (kubelet limit)",
+            got["message_bytes"],
+            KUBELET_MAX_RECV_MESSAGE_BYTES,
+            " B",
+        ),
         Verdict(f"devices missing from the list at {count:,} devices", count - got["listed"], 0, ""),
     ]
 
@@ -101,22 +105,29 @@ def check(results: dict[str, Any]) -> list[Verdict]:
     imported = {role: mods for role, mods in results["imports"].items() if role != "plugin" and mods}
     return [
         # The targets of issue 14, each as a ratio to the baseline of the same run or as a size.
-        _ratio("10,000 devices: one more change p50 vs baseline", colad, baseline,
-               "scale.10000.one_more_change.p50_ms", 2.0),
+        _ratio(
+            "10,000 devices: one more change p50 vs baseline",
+            colad,
+            baseline,
+            "scale.10000.one_more_change.p50_ms",
+            2.0,
+        ),
         _ratio("CPU per change, all processes, vs baseline", colad, baseline, "cpu_ms.change.total", 2.0),
         _ratio("cold start -> Register answered vs baseline", colad, baseline, "cold_start.registered_ms", 2.0),
         _ratio("10,000 devices: start -> full list vs baseline", colad, baseline, "scale.10000.full_list_ms", 2.0),
         _ratio("change propagation p99 vs baseline", colad, baseline, "propagation.p99_ms", 1.5),
         _absolute("total PSS incl. supervisord, 10 devices", _at(colad, "memory.total.pss_mib"), 64.0, " MiB"),
-        _absolute("total PSS incl. supervisord, 10,000 devices", _at(colad, "scale.10000.memory.total.pss_mib"),
-                  80.0, " MiB"),
+        _absolute(
+            "total PSS incl. supervisord, 10,000 devices", _at(colad, "scale.10000.memory.total.pss_mib"), 80.0, " MiB"
+        ),
         _bursts(colad, baseline),
         _ratio("Allocate p99, sequential, vs baseline", colad, baseline, "allocate_sequential.p99_ms", 1.2),
         _ratio("Allocate p99, 16 callers, vs baseline", colad, baseline, "allocate_concurrent.p99_ms", 1.2),
         # Earlier budgets that still hold.
         _absolute("change propagation p99", _at(colad, "propagation.p99_ms"), 5.0, " ms"),
-        _absolute("re-registration p99 (kubelet.sock -> Register answer)", _at(colad, "reregistration.p99_ms"),
-                  50.0, " ms"),
+        _absolute(
+            "re-registration p99 (kubelet.sock -> Register answer)", _at(colad, "reregistration.p99_ms"), 50.0, " ms"
+        ),
         _absolute("cold start -> registered", _at(colad, "cold_start.registered_ms"), 1500.0, " ms"),
         Verdict(
             "discovery and kubelet-watch import neither gRPC nor prometheus_client",

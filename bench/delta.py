@@ -121,8 +121,13 @@ def _discovery(count: int) -> dict[str, float]:
                 pass
             os.utime(path, (settled, settled))
         run_dir, kubelet_dir = os.path.join(root, "run"), os.path.join(root, "kubelet")
-        cfg = Config(device_dir=device_dir, kubelet_dir=kubelet_dir, run_dir=run_dir, rescan_interval=3600.0,
-                     cdi_spec_dir=os.path.join(run_dir, "cdi"))
+        cfg = Config(
+            device_dir=device_dir,
+            kubelet_dir=kubelet_dir,
+            run_dir=run_dir,
+            rescan_interval=3600.0,
+            cdi_spec_dir=os.path.join(run_dir, "cdi"),
+        )
         discovery = Discovery(cfg)
         discovery.rescan("start")
         fresh = counter()

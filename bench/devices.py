@@ -84,24 +84,31 @@ def main() -> int:
     row("rescan after one file changed, files with content", full[1])
     print(f"{'  ratio content/empty, one change':<58}{statistics.median(full[1]) / statistics.median(empty[1]):>10.2f}")
     print(f"{'snapshot message, empty files':<58}{empty[2] / 1024:>10.1f} KiB")
-    print(f"{'snapshot message, files with content':<58}{full[2] / 1024:>10.1f} KiB "
-          f"(limit {messages.MAX_MESSAGE_BYTES // 1024} KiB)")
+    print(
+        f"{'snapshot message, files with content':<58}{full[2] / 1024:>10.1f} KiB "
+        f"(limit {messages.MAX_MESSAGE_BYTES // 1024} KiB)"
+    )
     data = CONTENT.format(node=0, name="cola0").encode()
     row("parse one device file", timed(lambda: devicefile.parse("cola0", data), 2000), "ms")
 
     for size, nodes in ((64, 2), (1024, 8), (4096, 16)):
         devs = devices.DeviceSet.of(devices.Device(f"cola{n}", numa_nodes=(n % nodes,)) for n in range(size))
         ids = list(devs.ids)
-        row(f"preferred(), {size} devices on {nodes} NUMA nodes, size 4", timed(
-            lambda d=devs, i=ids: allocation.preferred(d, i, [], 4), 50))
+        row(
+            f"preferred(), {size} devices on {nodes} NUMA nodes, size 4",
+            timed(lambda d=devs, i=ids: allocation.preferred(d, i, [], 4), 50),
+        )
     replicated = devices.replicate(devices.DeviceSet.of(devices.Device(f"cola{n}") for n in range(256)), 8)
     rids = list(replicated.ids)
     for policy in ("spread", "pack"):
-        row(f"preferred(), 256 devices x 8 replicas, size 8, {policy}", timed(
-            lambda p=policy: allocation.preferred(replicated, rids, [], 8, p), 50))
+        row(
+            f"preferred(), 256 devices x 8 replicas, size 8, {policy}",
+            timed(lambda p=policy: allocation.preferred(replicated, rids, [], 8, p), 50),
+        )
     request = [f"cola{n}" for n in range(0, 64)]
-    devs = devices.DeviceSet.of(devicefile.parse(f"cola{n}", CONTENT.format(node=n % 4, name=f"cola{n}").encode())
-                                for n in range(64))
+    devs = devices.DeviceSet.of(
+        devicefile.parse(f"cola{n}", CONTENT.format(node=n % 4, name=f"cola{n}").encode()) for n in range(64)
+    )
     row("allocate(), 64 devices with content merged", timed(lambda: allocation.allocate(devs, request), 200))
     return 0
 

@@ -47,8 +47,9 @@ def measure(count: int, ref: str, settle: float) -> dict[str, float]:
         (device_dir / device).touch()
     kubelet = FakeKubelet(run.host_path_of("/var/lib/kubelet/device-plugins"))
     kubelet.start()
-    proc = subprocess.Popen(["podman", *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env=image.podman_env())
+    proc = subprocess.Popen(
+        ["podman", *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=image.podman_env()
+    )
     try:
         kubelet.wait_registered(timeout=120)
         kubelet.wait_devices(names, timeout=180)

@@ -41,7 +41,7 @@ def max_fit(limit: int = KUBELET_MAX_RECV_MESSAGE_BYTES) -> int:
 
 
 def counts(spec: str) -> list[int]:
-    """"1000,10000,50000,max" -> ascending device counts ("max": max_fit())."""
+    """ "1000,10000,50000,max" -> ascending device counts ("max": max_fit())."""
     found = {max_fit() if word.strip() == "max" else int(word) for word in spec.split(",") if word.strip()}
     return sorted(found)
 
@@ -72,9 +72,7 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
             stage.rename(subject.device_dir)
             progress(f"{subject.name}: start over {count:,} devices")
             try:
-                figures = measure.scale(
-                    subject, names, changes_at(count, args.more), args.gap, full=count >= max_fit()
-                )
+                figures = measure.scale(subject, names, changes_at(count, args.more), args.gap, full=count >= max_fit())
             except WaitTimeout as exc:  # one count that fails is a row of dashes, not the end of the bench
                 progress(f"{subject.name} at {count:,} devices: {exc}")
                 figures = {"devices": count, "listed": 0, "message_bytes": 0, "error": str(exc)[:300]}

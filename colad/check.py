@@ -70,6 +70,7 @@ class SocketReport:
 
 # ---- pure core: resource name, judgement, formatting ----
 
+
 def resource_for(state: PluginState | None, endpoint: str) -> str:
     """The resource served on `endpoint` per the plugin's state file, else "unknown"."""
     served = state.by_endpoint(endpoint) if state is not None else None
@@ -102,8 +103,9 @@ def judge(reports: list[SocketReport], where: str) -> tuple[int, str]:
     healthy = sum(1 for r in reports for d in r.devices or [] if d.health == constants.HEALTHY)
     if devices == 0:
         return EXIT_OK, f"{len(reports)} socket(s) answered; no devices advertised"
-    return EXIT_OK, (f"{len(reports)} socket(s) answered; {devices} device(s), "
-                     f"{healthy} healthy, each healthy one allocated")
+    return EXIT_OK, (
+        f"{len(reports)} socket(s) answered; {devices} device(s), {healthy} healthy, each healthy one allocated"
+    )
 
 
 def to_json(reports: list[SocketReport], code: int, reason: str) -> dict[str, Any]:
@@ -123,8 +125,7 @@ def _allocate_text(device: DeviceReport) -> str:
         expected = " (as expected)" if device.health != constants.HEALTHY else ""
         return f"refused{expected}: {result.code} {result.error}".rstrip()
     envs = " ".join(f"{k}={v}" for k, v in sorted(result.envs.items())) or "no envs"
-    return (f"ok {envs} mounts={len(result.mounts)} device_nodes={len(result.devices)} "
-            f"cdi={len(result.cdi_devices)}")
+    return f"ok {envs} mounts={len(result.mounts)} device_nodes={len(result.devices)} cdi={len(result.cdi_devices)}"
 
 
 def render(reports: list[SocketReport], reason: str) -> str:
@@ -154,6 +155,7 @@ def render(reports: list[SocketReport], reason: str) -> str:
 
 # ---- the shell: find sockets, dial, call ----
 
+
 def find_sockets(kubelet_dir: str) -> list[str]:
     """Every colad plugin socket in the kubelet directory; raises OSError when it cannot be listed.
 
@@ -180,10 +182,13 @@ def _allocate_result(response: pb.AllocateResponse) -> AllocateResult:
     return AllocateResult(
         ok=True,
         envs=dict(r.envs),
-        mounts=[{"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only}
-                for m in r.mounts],
-        devices=[{"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
-                 for d in r.devices],
+        mounts=[
+            {"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only} for m in r.mounts
+        ],
+        devices=[
+            {"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
+            for d in r.devices
+        ],
         annotations=dict(r.annotations),
         cdi_devices=[c.name for c in r.cdi_devices],
     )
@@ -203,9 +208,12 @@ class SocketCheck:
             self.report.dead = dialled.dead
             self.report.problems.append(dialled.reason or "no answer")
             return self.report
-        channel = grpc.insecure_channel("unix:" + self.path, options=[
-            ("grpc.max_receive_message_length", constants.KUBELET_MAX_RECV_MESSAGE_BYTES),
-        ])
+        channel = grpc.insecure_channel(
+            "unix:" + self.path,
+            options=[
+                ("grpc.max_receive_message_length", constants.KUBELET_MAX_RECV_MESSAGE_BYTES),
+            ],
+        )
         try:
             stub = pb_grpc.DevicePluginStub(channel)
             self.options(stub)
@@ -243,9 +251,7 @@ class SocketCheck:
             return
         finally:
             call.cancel()  # only the first message: the full list as it is now
-        self.report.devices = [
-            DeviceReport(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in first.devices
-        ]
+        self.report.devices = [DeviceReport(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in first.devices]
 
     def allocate_each(self, stub: Any) -> None:
         timed_out = False
@@ -268,9 +274,9 @@ class SocketCheck:
         healthy = [d.id for d in self.report.devices or [] if d.health == constants.HEALTHY]
         if not healthy or not (self.report.options or {}).get("get_preferred_allocation_available"):
             return
-        request = pb.PreferredAllocationRequest(container_requests=[
-            pb.ContainerPreferredAllocationRequest(available_deviceIDs=healthy, allocation_size=1)
-        ])
+        request = pb.PreferredAllocationRequest(
+            container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=healthy, allocation_size=1)]
+        )
         try:
             answer = stub.GetPreferredAllocation(request, timeout=self.timeout, metadata=CHECK_METADATA)
         except grpc.RpcError as exc:
@@ -278,7 +284,8 @@ class SocketCheck:
             return
         if len(answer.container_responses) != 1:
             self.report.problems.append(
-                f"GetPreferredAllocation: {len(answer.container_responses)} container responses for 1 request")
+                f"GetPreferredAllocation: {len(answer.container_responses)} container responses for 1 request"
+            )
             return
         chosen = list(answer.container_responses[0].deviceIDs)
         self.report.preferred = chosen

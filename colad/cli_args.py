@@ -41,19 +41,37 @@ def status(parser: argparse.ArgumentParser) -> None:
 
 
 def kubelet_sim(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--allocate", type=int, default=1, metavar="N",
-                        help="after the first device list, Allocate N healthy devices (0: none)")
-    parser.add_argument("--once", action="store_true",
-                        help="exit 0 after the first Allocate answer (or first list if --allocate 0)")
-    parser.add_argument("--timeout", type=float, default=0.0,
-                        help="with --once: exit 1 if nothing happened within this many seconds")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object per event on stdout (log lines go to stderr)")
+    parser.add_argument(
+        "--allocate",
+        type=int,
+        default=1,
+        metavar="N",
+        help="after the first device list, Allocate N healthy devices (0: none)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="exit 0 after the first Allocate answer (or first list if --allocate 0)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=0.0, help="with --once: exit 1 if nothing happened within this many seconds"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per event on stdout (log lines go to stderr)"
+    )
 
 
 def check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--socket", metavar="PATH", default=None, type=_socket_path,
-                        help="check this plugin socket only (default: every colad-*.sock in the kubelet directory)")
-    parser.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS",
-                        help="deadline of each call to the plugin (default 5)")
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=None,
+        type=_socket_path,
+        help="check this plugin socket only (default: every colad-*.sock in the kubelet directory)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="deadline of each call to the plugin (default 5)",
+    )

@@ -52,7 +52,9 @@ _PROCESS_FAMILIES = {
     "resident_memory_bytes": ("colad_process_resident_memory_bytes", "Resident memory of each colad process.", "gauge"),
     "virtual_memory_bytes": ("colad_process_virtual_memory_bytes", "Virtual memory of each colad process.", "gauge"),
     "start_time_seconds": (
-        "colad_process_start_time_seconds", "Start time of each colad process (Unix time).", "gauge"
+        "colad_process_start_time_seconds",
+        "Start time of each colad process (Unix time).",
+        "gauge",
     ),
     "open_fds": ("colad_process_open_fds", "Open file descriptors of each colad process.", "gauge"),
 }

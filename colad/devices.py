@@ -47,6 +47,8 @@ REPLICA_SEPARATOR = "::"
 
 # Permissions of a device node (cgroup device rules), in canonical order.
 PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
+
+
 def id_problem(name: str) -> str | None:
     """Why `name` cannot be a device ID, or None when it can."""
     if not name:
@@ -141,9 +143,7 @@ def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
     """
     if replicas <= 1:
         return devices
-    return DeviceSet.of(
-        replace(d, device_id=replica_id(d.device_id, n)) for d in devices for n in range(replicas)
-    )
+    return DeviceSet.of(replace(d, device_id=replica_id(d.device_id, n)) for d in devices for n in range(replicas))
 
 
 # --- validation ----------------------------------------------------------------------------

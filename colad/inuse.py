@@ -92,8 +92,13 @@ def in_use_counts(view: Holders, resources: Iterable[str]) -> dict[str, int]:
 def rows(view: Holders) -> list[dict[str, str]]:
     """The view as sorted rows: one per (device, holder), as the state file and `colad status` show it."""
     return [
-        {"resource": resource_name, "device_id": device_id,
-         "namespace": h.namespace, "pod": h.pod, "container": h.container}
+        {
+            "resource": resource_name,
+            "device_id": device_id,
+            "namespace": h.namespace,
+            "pod": h.pod,
+            "container": h.container,
+        }
         for (resource_name, device_id), held in sorted(view.items())
         for h in sorted(held)
     ]

@@ -98,8 +98,9 @@ class Simulator(pb_grpc.RegistrationServicer):
                 LOG.info(
                     "device list", endpoint=endpoint, count=len(ids), healthy=len(healthy), devices=",".join(ids) or "-"
                 )
-                self.emit("devices", endpoint=endpoint,
-                          devices=[{"id": d.ID, "health": d.health} for d in response.devices])
+                self.emit(
+                    "devices", endpoint=endpoint, devices=[{"id": d.ID, "health": d.health} for d in response.devices]
+                )
                 if not allocated and self.allocate_count > 0 and len(healthy) >= self.allocate_count:
                     allocated = True
                     self.allocate(stub, healthy[: self.allocate_count])

@@ -20,7 +20,7 @@ from colad import constants
 
 
 def socket_identity(path: str) -> str:
-    """"dev:ino:ctime_ns" of the socket at `path`, or "" when there is none."""
+    """ "dev:ino:ctime_ns" of the socket at `path`, or "" when there is none."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):  # ValueError: an embedded NUL

@@ -131,6 +131,7 @@ def _dumps(body: object) -> bytes:
 
 # --- one device on the wire ----------------------------------------------------------------
 
+
 def _show(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -397,4 +398,3 @@ def decode(data: bytes) -> Message:
                 raise MessageError(f"bad counter {name!r}")
         return Stats(epoch, seq, role, tuple(sorted(counters.items())))
     raise MessageError(f"unknown message type {kind!r}")
-

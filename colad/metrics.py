@@ -230,8 +230,14 @@ class Metrics:
             for labels in values:
                 _remove(family, *labels)
         for family in (
-            self.allocated_devices, self.device_set_changes, self.streams, self.registered,
-            self.last_registration, self.list_bytes, self.list_dropped, self.list_cut,
+            self.allocated_devices,
+            self.device_set_changes,
+            self.streams,
+            self.registered,
+            self.last_registration,
+            self.list_bytes,
+            self.list_dropped,
+            self.list_cut,
         ):
             _remove(family, resource)
 
@@ -297,5 +303,3 @@ def _versions() -> dict[str, str]:
         "grpcio": grpc.__version__,
         "protobuf": protobuf.__version__,
     }
-
-

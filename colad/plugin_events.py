@@ -78,6 +78,4 @@ class StopRequested:
     pass
 
 
-Event = (
-    Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
-)
+Event = Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone

@@ -113,8 +113,10 @@ class InUseWatcher:
         if self._stub is None:
             self._channel = grpc.insecure_channel(
                 "unix:" + self.socket_path,
-                options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-                         ("grpc.default_authority", "localhost")],
+                options=[
+                    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                    ("grpc.default_authority", "localhost"),
+                ],
             )
             self._stub = pb_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
@@ -152,8 +154,11 @@ class InUseWatcher:
 
     def _down(self, reason: str) -> None:
         if self.available is not False:  # one warning per outage, then quiet until it recovers
-            LOG.warning("pod resources unavailable; no in-use view until the kubelet answers",
-                        socket=self.socket_path, reason=reason)
+            LOG.warning(
+                "pod resources unavailable; no in-use view until the kubelet answers",
+                socket=self.socket_path,
+                reason=reason,
+            )
         else:
             LOG.debug("pod resources still unavailable", socket=self.socket_path, reason=reason)
         self.available, self.reason = False, reason
@@ -161,8 +166,9 @@ class InUseWatcher:
         self._write_state()
 
     def _write_state(self) -> None:
-        body = inuse.state(self.view if self.available else {}, available=bool(self.available),
-                           reason=self.reason, updated=self.wall())
+        body = inuse.state(
+            self.view if self.available else {}, available=bool(self.available), reason=self.reason, updated=self.wall()
+        )
         proc.write_state_file(self.state_path, body)
 
 
@@ -181,13 +187,21 @@ def _label_rows(view: inuse.Holders) -> list[tuple[str, str, str, str, str]]:
 
 def _log_change(change: inuse.Change) -> None:
     fields: dict[str, object] = {
-        "resource": change.resource_name, "device": change.device_id,
-        "namespace": change.holder.namespace, "pod": change.holder.pod, "container": change.holder.container,
+        "resource": change.resource_name,
+        "device": change.device_id,
+        "namespace": change.holder.namespace,
+        "pod": change.holder.pod,
+        "container": change.holder.container,
     }
     if change.kind == "changed_hands" and change.previous is not None:
         previous = change.previous
-        LOG.info("device changed hands", **fields, from_namespace=previous.namespace, from_pod=previous.pod,
-                 from_container=previous.container)
+        LOG.info(
+            "device changed hands",
+            **fields,
+            from_namespace=previous.namespace,
+            from_pod=previous.pod,
+            from_container=previous.container,
+        )
     elif change.kind == "in_use":
         LOG.info("device in use", **fields)
     else:

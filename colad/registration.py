@@ -282,9 +282,7 @@ def step(state: Registration, event: Event, now: float) -> Step:
                 # so that a late one dials a socket that is gone instead of opening a second stream.
                 state = _failed(state, effects, now, error, fresh=late)
             else:
-                state = replace(
-                    state, backoff=BACKOFF_MIN, last_error="", stream_check_at=now + STREAM_EXPECTED_WITHIN
-                )
+                state = replace(state, backoff=BACKOFF_MIN, last_error="", stream_check_at=now + STREAM_EXPECTED_WITHIN)
                 effects.append(Accepted(state.endpoint))
                 state = _transition(state, effects, Phase.REGISTERED, "kubelet accepted")
         case StreamOpened(generation=generation):

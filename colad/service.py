@@ -28,14 +28,22 @@ from colad.names import DEFAULT_RESOURCE_NAME
 LOG = log.get(__name__)
 # fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's.
 __all__ = [
-    "CHECK_METADATA", "DeviceBroadcast", "DevicePluginServicer", "RegisterCall", "StreamEvents",
-    "build_server", "fit_list", "plugin_options", "to_response",
+    "CHECK_METADATA",
+    "DeviceBroadcast",
+    "DevicePluginServicer",
+    "RegisterCall",
+    "StreamEvents",
+    "build_server",
+    "fit_list",
+    "plugin_options",
+    "to_response",
 ]
 
 # Streams beyond this are refused, so watchers (kubelet-sim, colad check...)
 # can never take every worker thread away from Allocate.
 MAX_STREAMS = 4
 WORKERS = MAX_STREAMS + 8
+
 
 def plugin_options(pre_start_required: bool) -> pb.DevicePluginOptions:
     """The options of a resource: in its Register request and from GetDevicePluginOptions, the same."""

@@ -66,9 +66,7 @@ class Fitted:
     size: int = 0
 
 
-def fit_the_queue(
-    snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = messages.MAX_MESSAGE_BYTES
-) -> Fitted:
+def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = messages.MAX_MESSAGE_BYTES) -> Fitted:
     """Keep `snapshot` (its seq is ignored) under `limit`: the largest devices turn Unhealthy until it fits.
 
     `sizes` holds device_wire_size of devices already measured. Only many large

@@ -70,7 +70,7 @@ def supervisor_proxy(socket_path: str, timeout: float = 10.0) -> Any:
 
 
 def not_running(infos: list[dict[str, Any]], *, but: tuple[str, ...] = ()) -> list[str]:
-    """"<name> is <STATE>" for every process supervisord runs that is not RUNNING (or in `but`) (pure)."""
+    """ "<name> is <STATE>" for every process supervisord runs that is not RUNNING (or in `but`) (pure)."""
     problems = []
     for info in sorted(infos, key=lambda i: str(i.get("name"))):
         if info.get("statename") not in ("RUNNING", *but):
@@ -266,5 +266,3 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
         print(render(report))
     sys.stdout.flush()
     return exit_code(report)
-
-

@@ -52,8 +52,9 @@ def machine_cdi_dirs_untouched() -> Iterator[None]:
     yield
     after = _colad_specs()
     if after != before:
-        pytest.fail(f"a test changed colad's specs in the machine's CDI directories: {sorted(after ^ before)}",
-                    pytrace=False)
+        pytest.fail(
+            f"a test changed colad's specs in the machine's CDI directories: {sorted(after ^ before)}", pytrace=False
+        )
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -38,8 +38,17 @@ path-exclude /usr/share/lintian/*
 path-exclude /usr/share/linda/*
 path-exclude /usr/share/locale/*
 """
-SLIM_REMOVE = ("usr/share/man", "usr/share/groff", "usr/share/info", "usr/share/lintian", "usr/share/linda",
-               "usr/share/locale", "var/cache/apt", "var/lib/apt/lists", "var/log")
+SLIM_REMOVE = (
+    "usr/share/man",
+    "usr/share/groff",
+    "usr/share/info",
+    "usr/share/lintian",
+    "usr/share/linda",
+    "usr/share/locale",
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "var/log",
+)
 
 
 def podman_env() -> dict[str, str]:
@@ -79,8 +88,11 @@ def source_digest() -> str:
 
     tests/ and bench/ are left out: they do not reach the image, and editing a test must not rebuild it.
     """
-    names = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           capture_output=True, check=True).stdout.split(b"\0")
+    names = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     digest = hashlib.sha256()
     for name in sorted(n for n in names if n and not n.startswith((b"tests/", b"bench/"))):
         path = ROOT / os.fsdecode(name)
@@ -135,14 +147,25 @@ def build(deb: Path | None = None, digest: str | None = None) -> str:
     with tempfile.TemporaryDirectory(prefix="colad-image-") as out:
         if deb is None:
             with open(Path(out) / "build-deb.log", "wb") as log:
-                made = subprocess.run([str(ROOT / "packaging" / "build-deb.sh"), out], stdout=subprocess.PIPE,
-                                      stderr=log, check=False, timeout=1800)
+                made = subprocess.run(
+                    [str(ROOT / "packaging" / "build-deb.sh"), out],
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    check=False,
+                    timeout=1800,
+                )
             if made.returncode != 0:
                 tail = (Path(out) / "build-deb.log").read_text(errors="replace").splitlines()[-40:]
                 raise RuntimeError("packaging/build-deb.sh failed:\n" + "\n".join(tail))
             deb = Path(made.stdout.decode().strip().splitlines()[-1])
-        built = subprocess.run([str(ROOT / "packaging" / "build-image.sh"), str(deb), digest],
-                               stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=podman_env(), timeout=1800)
+        built = subprocess.run(
+            [str(ROOT / "packaging" / "build-image.sh"), str(deb), digest],
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            text=True,
+            env=podman_env(),
+            timeout=1800,
+        )
     if built.returncode != 0:
         raise RuntimeError(f"packaging/build-image.sh exited {built.returncode}")
     return built.stdout.strip().splitlines()[-1]
@@ -165,7 +188,7 @@ def quantity_bytes(quantity: str) -> int:
     """A Kubernetes memory quantity (`256Mi`, `1G`, `1048576`) in bytes."""
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9, "": 1}
     number = str(quantity).rstrip("KMGikm")
-    return int(float(number) * units[str(quantity)[len(number):]])
+    return int(float(number) * units[str(quantity)[len(number) :]])
 
 
 def cpu_shares(quantity: str) -> int:
@@ -231,11 +254,33 @@ class PodRun:
 
     def args(self) -> list[str]:
         pod, box = self.pod, self.container
-        known_pod = {"priorityClassName", "nodeSelector", "tolerations", "serviceAccountName", "containers",
-                     "automountServiceAccountToken", "enableServiceLinks", "hostNetwork", "hostPID", "hostIPC",
-                     "terminationGracePeriodSeconds", "securityContext", "volumes"}
-        known_box = {"name", "image", "imagePullPolicy", "ports", "resources", "securityContext", "readinessProbe",
-                     "livenessProbe", "volumeMounts", "env"}
+        known_pod = {
+            "priorityClassName",
+            "nodeSelector",
+            "tolerations",
+            "serviceAccountName",
+            "containers",
+            "automountServiceAccountToken",
+            "enableServiceLinks",
+            "hostNetwork",
+            "hostPID",
+            "hostIPC",
+            "terminationGracePeriodSeconds",
+            "securityContext",
+            "volumes",
+        }
+        known_box = {
+            "name",
+            "image",
+            "imagePullPolicy",
+            "ports",
+            "resources",
+            "securityContext",
+            "readinessProbe",
+            "livenessProbe",
+            "volumeMounts",
+            "env",
+        }
         for where, got, known in (("pod", pod, known_pod), ("container", box, known_box)):
             unknown = set(got) - known
             if unknown:
@@ -269,8 +314,16 @@ class PodRun:
 
     def _security(self, pod: dict[str, Any], box: dict[str, Any]) -> list[str]:
         merged = {**pod, **box}
-        known = {"runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile", "privileged",
-                 "allowPrivilegeEscalation", "readOnlyRootFilesystem", "capabilities"}
+        known = {
+            "runAsUser",
+            "runAsGroup",
+            "runAsNonRoot",
+            "seccompProfile",
+            "privileged",
+            "allowPrivilegeEscalation",
+            "readOnlyRootFilesystem",
+            "capabilities",
+        }
         if set(merged) - known:
             raise ValueError(f"daemonset.yaml: securityContext {sorted(set(merged) - known)} not modelled here")
         args = [f"--user={merged.get('runAsUser', 0)}:{merged.get('runAsGroup', 0)}"]

@@ -101,9 +101,19 @@ def base_tarball(cache_dir: Path = CACHE_DIR, include: tuple[str, ...] = INCLUDE
             root.mkdir(mode=0o755)
             with open(log, "wb") as out:
                 result = subprocess.run(
-                    ["debootstrap", f"--variant={VARIANT}", *([f"--include={','.join(include)}"] if include else []),
-                     f"--arch={arch}", SUITE, str(root), mirror],
-                    stdout=out, stderr=subprocess.STDOUT, env={"PATH": SYSTEM_PATH}, timeout=900,
+                    [
+                        "debootstrap",
+                        f"--variant={VARIANT}",
+                        *([f"--include={','.join(include)}"] if include else []),
+                        f"--arch={arch}",
+                        SUITE,
+                        str(root),
+                        mirror,
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={"PATH": SYSTEM_PATH},
+                    timeout=900,
                 )
             if result.returncode != 0:
                 tail = log.read_text(errors="replace").splitlines()[-30:]
@@ -111,8 +121,11 @@ def base_tarball(cache_dir: Path = CACHE_DIR, include: tuple[str, ...] = INCLUDE
             for package in (root / "var/cache/apt/archives").glob("*.deb"):
                 package.unlink()  # debootstrap's downloads: 40 MB every run would extract for nothing
             partial = work / "base.tar"
-            subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(partial), "."],
-                           check=True, timeout=300)
+            subprocess.run(
+                ["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(partial), "."],
+                check=True,
+                timeout=300,
+            )
             os.replace(partial, tarball)  # atomic: a killed run never leaves half a cache
         finally:
             subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
@@ -150,14 +163,16 @@ class Container:
         self.leader = 0
 
     def extract(self, tarball: Path) -> None:
-        subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(self.root), "-xf", str(tarball)],
-                       check=True, timeout=300)
+        subprocess.run(
+            ["tar", "--numeric-owner", "--xattrs", "-C", str(self.root), "-xf", str(tarball)], check=True, timeout=300
+        )
         shutil.copy("/etc/resolv.conf", self.root / "etc" / "resolv.conf")
 
     # ---- before boot: a chroot, as when a package goes into an image ----
     def chroot(self, *command: str, timeout: float = 300) -> Run:
-        result = subprocess.run(["chroot", str(self.root), *CLEAN_ENV, *command],
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["chroot", str(self.root), *CLEAN_ENV, *command], capture_output=True, text=True, timeout=timeout
+        )
         return Run(result.returncode, result.stdout, result.stderr)
 
     def apt_install(self, deb: Path, archives: Path = CACHE_DIR / "apt-archives") -> Run:
@@ -178,8 +193,16 @@ class Container:
             if update.returncode != 0:
                 return update
             # unsafe-io: no fsync per file; the root is thrown away after the test anyway.
-            install = self.chroot("apt-get", "-q", "-o", "Dpkg::Options::=--force-unsafe-io", "install", "-y",
-                                  "--no-install-recommends", str(inside))
+            install = self.chroot(
+                "apt-get",
+                "-q",
+                "-o",
+                "Dpkg::Options::=--force-unsafe-io",
+                "install",
+                "-y",
+                "--no-install-recommends",
+                str(inside),
+            )
             if install.returncode == 0:
                 with open(archives.parent / ".lock", "w") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -196,16 +219,28 @@ class Container:
     # ---- booted ----
     def boot(self, binds: dict[Path, str], timeout: float = 60) -> None:
         command = [
-            "systemd-nspawn", "--quiet", f"--directory={self.root}", f"--machine={self.name}", "--boot",
+            "systemd-nspawn",
+            "--quiet",
+            f"--directory={self.root}",
+            f"--machine={self.name}",
+            "--boot",
             # The host has no systemd: no machined to register with, no unit to move into.
-            "--register=no", "--keep-unit", "--console=passive",
+            "--register=no",
+            "--keep-unit",
+            "--console=passive",
             # Its own loopback: colad's metrics port cannot clash with the host's.
             "--private-network",
             *[f"--bind={host}:{inside}" for host, inside in binds.items()],
         ]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={"PATH": SYSTEM_PATH}, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={"PATH": SYSTEM_PATH},
+                start_new_session=True,
+            )
         self.leader = wait_until(self._find_leader, timeout, "the container's systemd", logs=[self.log_path])
 
         def booted() -> str | None:
@@ -227,8 +262,12 @@ class Container:
 
     def run(self, *command: str, check: bool = True, timeout: float = 120) -> Run:
         """Run a command in all of the container's namespaces, with a clean environment."""
-        result = subprocess.run(["nsenter", "-t", str(self.leader), "-a", *CLEAN_ENV, *command],
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["nsenter", "-t", str(self.leader), "-a", *CLEAN_ENV, *command],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         run = Run(result.returncode, result.stdout, result.stderr)
         if check and run.returncode != 0:
             raise AssertionError(f"{' '.join(command)} exited {run.returncode}:\n{run.stdout}{run.stderr}")

@@ -212,8 +212,10 @@ class ColadService:
             if not self._stopped and self.guard.budget[SUPERVISORD] > 0:
                 self.guard.budget[SUPERVISORD] -= 1
             elif not self._stopped:
-                new.append(f"role {SUPERVISORD} exited (rc {self.proc.returncode}) without the test asking: "
-                           f"pid {self.proc.pid}")
+                new.append(
+                    f"role {SUPERVISORD} exited (rc {self.proc.returncode}) without the test asking: "
+                    f"pid {self.proc.pid}"
+                )
         for name, (state, pid) in states.items():
             if name in PROGRAMS or name in self.guard.started:
                 problem = self.guard.checked_state(name, state, pid)

@@ -22,5 +22,10 @@ def test_ruff() -> None:
     run([str(BIN / "ruff"), "check", *[p for p in ("colad", "tests", "bench") if (ROOT / p).exists()]])
 
 
+def test_ruff_format() -> None:
+    # One layout, applied by `ruff format colad tests bench`: a diff is a lint failure, not a review topic.
+    run([str(BIN / "ruff"), "format", "--check", *[p for p in ("colad", "tests", "bench") if (ROOT / p).exists()]])
+
+
 def test_mypy() -> None:
     run([str(BIN / "mypy")])

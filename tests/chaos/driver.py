@@ -148,14 +148,21 @@ class Chaos:
         held, want = self.kubelet.devices() or {}, self.expected()
         if wrong := self.wrong(held):
             missing, extra = sorted(set(want) - set(held)), sorted(set(held) - set(want))
-            return (f"kubelet holds {len(held)}, directory {len(want)} (missing {missing[:5]}, extra {extra[:5]}, "
-                    f"health {[(n, held.get(n)) for n in wrong[:5]]})")
+            return (
+                f"kubelet holds {len(held)}, directory {len(want)} (missing {missing[:5]}, extra {extra[:5]}, "
+                f"health {[(n, held.get(n)) for n in wrong[:5]]})"
+            )
         return None
 
     def wait_invariant(self, fault: str, deadline: float | None = None) -> float:
         started = time.monotonic()
-        wait_until(lambda: self.problem() is None, deadline or self.deadline, f"invariant after {fault}",
-                   interval=0.005, logs=[self.colad.log_path])
+        wait_until(
+            lambda: self.problem() is None,
+            deadline or self.deadline,
+            f"invariant after {fault}",
+            interval=0.005,
+            logs=[self.colad.log_path],
+        )
         return time.monotonic() - started
 
     # ---- helpers ----
@@ -353,7 +360,7 @@ class Chaos:
                 if action < 0.35:
                     names.append(self.bad_name())
                     with open(os.path.join(where, names[-1]), "wb") as handle:
-                        handle.write(b"health = \"Healthy\"\n")
+                        handle.write(b'health = "Healthy"\n')
                 elif action < 0.55:  # rewrite in place: IN_MODIFY and IN_CLOSE_WRITE with a bad name
                     with open(os.path.join(where, self.rng.choice(names)), "ab") as handle:
                         handle.write(b"# more\n")
@@ -387,8 +394,7 @@ class Chaos:
         """Device files at and over the 64 KiB limit, and non-ASCII ones that blow up the queue's JSON."""
         near = b'health = "Healthy"\n' + b"#" * (LIMIT - 20) + b"\n"  # exactly the limit: a device like any other
         tag = self.counter
-        big = {f"big-at-limit-{tag}": (near, {"Healthy"}),
-               f"big-over-{tag}": (near + b"#", {"Unhealthy"})}
+        big = {f"big-at-limit-{tag}": (near, {"Healthy"}), f"big-over-{tag}": (near + b"#", {"Unhealthy"})}
         # One e-acute is 2 bytes in the file and 6 in JSON: about 180 KB each on the queue, 28 of them
         # over its 4 MiB frame, so discovery must cut (the largest turn Unhealthy), never crash.
         value = "\u00e9" * 300
@@ -433,22 +439,37 @@ class Chaos:
         if not link.is_symlink():
             link.symlink_to(self.colad.device_dir)
         parent, leaf = os.path.split(real)
-        spelling = self.rng.choice([real + "/", real + "//", f"{parent}/./{leaf}", f"{parent}/{leaf}/../{leaf}",
-                                    f"{parent}//{leaf}", str(link), real + "/nested"])
+        spelling = self.rng.choice(
+            [
+                real + "/",
+                real + "//",
+                f"{parent}/./{leaf}",
+                f"{parent}/{leaf}/../{leaf}",
+                f"{parent}//{leaf}",
+                str(link),
+                real + "/nested",
+            ]
+        )
         (self.colad.device_dir / "nested").mkdir(exist_ok=True)
         alias = f'\n[[resources]]\nname = "example.com/alias"\ndevice_dir = "{spelling}"\n'
         self.config.write_text(self.good_config + alias)
         refused_before = len(self.colad.log_lines("reload refused; the running config stays"))
         try:
-            run = subprocess.run([sys.executable, "-m", "colad", "reload"], env=self.colad.env,
-                                 capture_output=True, text=True, timeout=60)
+            run = subprocess.run(
+                [sys.executable, "-m", "colad", "reload"],
+                env=self.colad.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             detail = f"device_dir {spelling!r}: rc={run.returncode} stderr={run.stderr!r}"
             assert run.returncode == 2, f"colad reload accepted an alias: {detail}"
             assert len(run.stderr.splitlines()) == 1 and "Traceback" not in run.stderr, detail
             # And behind the command's back: each role checks the file again and keeps its config.
             self.colad.rpc().supervisor.signalProcessGroup("colad", "HUP")
-            self.colad.wait_log("reload refused; the running config stays", timeout=self.deadline,
-                                count=refused_before + len(PROGRAMS))
+            self.colad.wait_log(
+                "reload refused; the running config stays", timeout=self.deadline, count=refused_before + len(PROGRAMS)
+            )
             self.change_devices()
         finally:
             self.config.write_text(self.good_config)
@@ -500,10 +521,15 @@ class Chaos:
         recovered = len(self.records) - len(lost)
         guard = [p for r in self.records for p in r.guard] + self.shutdown_guard
         exits = sum(p.startswith("role ") for p in guard)
-        lines.append(f"faults={len(self.records)} recovered={recovered} lost_devices={lost_devices}"
-                     f" unasked_exits={exits} tracebacks={len(guard) - exits}")
+        lines.append(
+            f"faults={len(self.records)} recovered={recovered} lost_devices={lost_devices}"
+            f" unasked_exits={exits} tracebacks={len(guard) - exits}"
+        )
         return "\n".join(lines)
 
     def clean(self) -> bool:
-        return (all(r.recovery_s is not None and not r.guard for r in self.records) and not self.shutdown_guard
-                and not self.kubelet.violations)
+        return (
+            all(r.recovery_s is not None and not r.guard for r in self.records)
+            and not self.shutdown_guard
+            and not self.kubelet.violations
+        )

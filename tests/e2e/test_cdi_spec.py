@@ -24,6 +24,7 @@ from tests.unit.test_cdi import _schema
 
 pytestmark = [pytest.mark.e2e, needs_podman]
 
+
 def _spec(path: Path) -> dict[str, object] | None:
     try:
         return dict(json.loads(path.read_text()))
@@ -107,4 +108,3 @@ container_path = "/opt/cola"
     assert not spec_path.exists()
     gone = _run(root, spec_dir, "cola0", "true")
     assert gone.returncode != 0 and "unresolvable CDI devices" in gone.stderr, gone.stderr
-

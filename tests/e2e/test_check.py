@@ -32,8 +32,12 @@ def env_for(root: Path, kubelet_dir: Path | None = None) -> dict[str, str]:
     config = root / "colad.toml"
     config.write_text("")
     base = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
-    return {**base, "COLAD_CONFIG": str(config), "COLAD_KUBELET_DIR": str(kubelet_dir or root / "kubelet"),
-            "COLAD_RUN_DIR": str(root / "run")}
+    return {
+        **base,
+        "COLAD_CONFIG": str(config),
+        "COLAD_KUBELET_DIR": str(kubelet_dir or root / "kubelet"),
+        "COLAD_RUN_DIR": str(root / "run"),
+    }
 
 
 def settled(colad: ColadService, kubelet: FakeKubelet) -> str:
@@ -117,7 +121,9 @@ def test_check_with_no_colad_socket_exits_3(short_tmp: Path, kubelet: FakeKubele
     result = check(env_for(short_tmp), "--json")
     assert result.returncode == 3, result
     assert json.loads(result.stdout) == {
-        "ok": False, "reason": f"no colad socket in {kubelet.plugin_dir} (is colad running?)", "sockets": []
+        "ok": False,
+        "reason": f"no colad socket in {kubelet.plugin_dir} (is colad running?)",
+        "sockets": [],
     }
     assert len(result.stderr.splitlines()) == 1
     missing = check(env_for(short_tmp, short_tmp / "nowhere"))

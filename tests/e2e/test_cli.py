@@ -81,11 +81,17 @@ def test_kubelet_sim_json_follows_a_real_colad(short_tmp: Path) -> None:
     service.add("cocacola", "peisicola")
     sim = subprocess.Popen(
         [sys.executable, "-m", "colad", "kubelet-sim", "--json", "--once", "--allocate", "2", "--timeout", "40"],
-        env=service.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=service.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        wait_until(lambda: (service.kubelet_dir / "kubelet.sock").exists() or sim.poll() is not None, 20,
-                   "kubelet-sim listening")
+        wait_until(
+            lambda: (service.kubelet_dir / "kubelet.sock").exists() or sim.poll() is not None,
+            20,
+            "kubelet-sim listening",
+        )
         service.start()
         out, err = sim.communicate(timeout=60)
     finally:
@@ -111,8 +117,11 @@ def test_kubelet_sim_json_follows_a_real_colad(short_tmp: Path) -> None:
 
 def test_kubelet_sim_refuses_a_live_kubelet_sock(short_tmp: Path) -> None:
     with FakeKubelet(short_tmp / "kubelet") as kubelet:
-        service_env = {"COLAD_KUBELET_DIR": str(kubelet.plugin_dir), "COLAD_RUN_DIR": str(short_tmp / "run"),
-                       "COLAD_CONFIG": str(short_tmp / "colad.toml")}
+        service_env = {
+            "COLAD_KUBELET_DIR": str(kubelet.plugin_dir),
+            "COLAD_RUN_DIR": str(short_tmp / "run"),
+            "COLAD_CONFIG": str(short_tmp / "colad.toml"),
+        }
         (short_tmp / "colad.toml").write_text("")
         result = run(["kubelet-sim", "--json", "--once"], service_env)
         assert kubelet.socket_path.exists()  # left alone

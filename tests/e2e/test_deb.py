@@ -31,8 +31,7 @@ DEBIAN = ROOT / "packaging" / "debian"
 UNIT = "colad.service"
 DEVICES = {"cocacola", "peisicola"}
 # Debian's own packages, never vendored copies.
-RUNTIME_DEPENDS = {"python3-grpcio", "python3-protobuf", "python3-pyinotify", "python3-prometheus-client",
-                   "supervisor"}
+RUNTIME_DEPENDS = {"python3-grpcio", "python3-protobuf", "python3-pyinotify", "python3-prometheus-client", "supervisor"}
 CONFFILES = {"/etc/colad/colad.toml", "/etc/colad/supervisord.conf"}
 TEMPLATE_LINE = 'supervisord_template = "/etc/colad/supervisord.conf"'
 
@@ -42,8 +41,9 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, chroot a
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run([str(ROOT / "packaging" / "build-deb.sh"), str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(ROOT / "packaging" / "build-deb.sh"), str(out)], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-6000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 1, f"build-deb.sh must print only the path of the .deb, printed {result.stdout!r}"
@@ -64,8 +64,14 @@ def test_version_is_the_changelogs() -> None:
 def test_deb_is_built_from_a_clean_copy(deb: Path) -> None:
     assert deb.name == f"colad_{__version__}_all.deb" and deb.is_file()
     # The build ran in a copy: nothing of dpkg-buildpackage or pybuild lands in the checkout.
-    leftovers = ["debian", ".pybuild", "packaging/debian/colad", "packaging/debian/.debhelper",
-                 "packaging/debian/files", "packaging/debian/debhelper-build-stamp"]
+    leftovers = [
+        "debian",
+        ".pybuild",
+        "packaging/debian/colad",
+        "packaging/debian/.debhelper",
+        "packaging/debian/files",
+        "packaging/debian/debhelper-build-stamp",
+    ]
     assert [p for p in leftovers if (ROOT / p).exists()] == []
 
 
@@ -87,7 +93,9 @@ def test_package_contents(deb: Path, tmp_path: Path) -> None:
     assert TEMPLATE_LINE in installed
     source = (ROOT / "conf/colad.toml").read_text().splitlines()
     assert [line for line in installed if line not in source] == [
-        "# Set by the Debian package: the template is a conffile beside this file.", TEMPLATE_LINE]
+        "# Set by the Debian package: the template is a conffile beside this file.",
+        TEMPLATE_LINE,
+    ]
     # colad only: every library comes from Debian's packages.
     site = data / "usr/lib/python3/dist-packages"
     assert sorted(p.name for p in site.iterdir()) == ["colad", f"colad-{__version__}.dist-info"]
@@ -102,8 +110,16 @@ def test_lintian_reports_no_errors_or_warnings(deb: Path) -> None:
         copy.chmod(0o644)
         scratch = Path(tmp) / "tmp"  # lintian leaves files in TMPDIR: keep them in here
         scratch.mkdir()
-        command = ["env", f"TMPDIR={scratch}", "lintian", "--info", "--display-info", "--pedantic",
-                   "--show-overrides", str(copy)]
+        command = [
+            "env",
+            f"TMPDIR={scratch}",
+            "lintian",
+            "--info",
+            "--display-info",
+            "--pedantic",
+            "--show-overrides",
+            str(copy),
+        ]
         if os.geteuid() == 0:
             shutil.chown(scratch, "nobody")
             command = ["runuser", "-u", "nobody", "--", *command]
@@ -171,8 +187,13 @@ def journal(box: Container, check: bool = True) -> str:
 
 
 def wait_journal(box: Container, needle: str, timeout: float = 15) -> None:
-    wait_until(lambda: needle in journal(box), timeout, f"{needle!r} in the journal of {UNIT}",
-               interval=0.2, logs=[box.log_path])
+    wait_until(
+        lambda: needle in journal(box),
+        timeout,
+        f"{needle!r} in the journal of {UNIT}",
+        interval=0.2,
+        logs=[box.log_path],
+    )
 
 
 def registered_because(text: str) -> str:
@@ -221,10 +242,22 @@ def check_service(box: Container, kubelet: FakeKubelet, plugin_dir: Path, step: 
     # /healthz also waits for supervisord to call every program RUNNING (startsecs), which `colad status`
     # does not count as degraded: wait for it, and keep its 503 reasons if it never comes.
     health = wait_until(
-        lambda: (r := box.run("python3", "-c", "import urllib.request as u; print(u.urlopen("
-                              "'http://127.0.0.1:9647/healthz', timeout=5).read().decode())", check=False)
-                 ).returncode == 0 and r,
-        15, "/healthz to answer 200")
+        lambda: (
+            (
+                r := box.run(
+                    "python3",
+                    "-c",
+                    "import urllib.request as u; print(u.urlopen("
+                    "'http://127.0.0.1:9647/healthz', timeout=5).read().decode())",
+                    check=False,
+                )
+            ).returncode
+            == 0
+            and r
+        ),
+        15,
+        "/healthz to answer 200",
+    )
     assert health.stdout.startswith("ok: registered as myway5.com/cola, 2 devices"), health.stdout
     step("registered, listed, allocated; status and /healthz answer")
 
@@ -260,8 +293,15 @@ def check_service(box: Container, kubelet: FakeKubelet, plugin_dir: Path, step: 
     # SIGKILL of the main process (supervisord): systemd cleans the cgroup and starts colad again.
     main_pid = show(box, "MainPID")
     box.run("systemctl", "kill", "--signal=SIGKILL", "--kill-who=main", UNIT)
-    wait_until(lambda: show(box, "NRestarts") == "1" and show(box, "ActiveState") == "active"
-               and show(box, "MainPID") not in ("0", main_pid), 30, "systemd to restart colad after SIGKILL")
+    wait_until(
+        lambda: (
+            show(box, "NRestarts") == "1"
+            and show(box, "ActiveState") == "active"
+            and show(box, "MainPID") not in ("0", main_pid)
+        ),
+        30,
+        "systemd to restart colad after SIGKILL",
+    )
     settle(kubelet, 4, devices)
     step("registered again after SIGKILL of the main process")
 
@@ -290,8 +330,12 @@ def check_purge(box: Container, plugin_dir: Path) -> None:
     assert [str(p) for p in paths if p.exists() and not p.is_dir()] == []
     # Nothing named after colad anywhere: unit links, deb-systemd-helper state, /etc/colad, /etc/colas,
     # dpkg's info files, byte-code. (/run and /tmp are the container's own tmpfs: asked inside.)
-    leftovers = [str(Path(d, n).relative_to(box.root)) for d, dirs, files in os.walk(box.root)
-                 for n in dirs + files if "colad" in n or n == "colas"]
+    leftovers = [
+        str(Path(d, n).relative_to(box.root))
+        for d, dirs, files in os.walk(box.root)
+        for n in dirs + files
+        if "colad" in n or n == "colas"
+    ]
     assert leftovers == []
     inside = box.run("find", "/run", "/tmp", "-name", "*colad*").stdout.split()
     assert inside == []

@@ -34,8 +34,12 @@ def test_a_role_killed_behind_the_services_back_is_reported(colad: ColadService,
     os.kill(old, signal.SIGKILL)  # not colad.kill: the guard was not told
     new = colad.wait_running(exclude_pids={"discovery": old})["discovery"]
     problems = colad.take_problems()
-    assert any("role discovery restarted without the test asking" in p and f"pid {old} -> {new}" in p
-               and "terminated by SIGKILL" in p for p in problems), problems
+    assert any(
+        "role discovery restarted without the test asking" in p
+        and f"pid {old} -> {new}" in p
+        and "terminated by SIGKILL" in p
+        for p in problems
+    ), problems
     assert not any("plugin" in p or "kubelet-watch" in p for p in problems[:-1]), problems
     assert colad.take_problems() == []  # reported once, and the new pid is the baseline
 
@@ -139,21 +143,22 @@ def test_guard_rules(lines: list[tuple[str, int]], state: str, pid: int, budget:
 @pytest.mark.unit
 def test_traceback_excerpts_cover_chained_exceptions() -> None:
     text = "a\nb\n" + FAKE_TRACEBACK.replace(
-        "UnicodeDecodeError:", "KeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:"
-        "\n\nTraceback (most recent call last):\n  File \"y\", line 2\nUnicodeDecodeError:"
+        "UnicodeDecodeError:",
+        "KeyError: 'x'\n\nDuring handling of the above exception, another exception occurred:"
+        '\n\nTraceback (most recent call last):\n  File "y", line 2\nUnicodeDecodeError:',
     )
     (excerpt,) = traceback_excerpts(text, "colad.log")
     assert "KeyError: 'x'" in excerpt and excerpt.rstrip().endswith("invalid start byte") and "exited:" not in excerpt
 
 
-UNASKED = '''
+UNASKED = """
 import os, signal
 def test_kills_discovery_unasked(colad, kubelet):
     kubelet.wait_registered()
     old = colad.pids()["discovery"]
     os.kill(old, signal.SIGKILL)
     colad.wait_running(exclude_pids={"discovery": old})
-'''
+"""
 
 
 def test_the_guard_fails_a_test_at_teardown(short_tmp: Path) -> None:
@@ -161,9 +166,23 @@ def test_the_guard_fails_a_test_at_teardown(short_tmp: Path) -> None:
     (short_tmp / "test_unasked.py").write_text(UNASKED)
     root = Path(__file__).resolve().parent.parent.parent
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "tests.e2e.conftest",
-         "--rootdir", str(short_tmp), str(short_tmp / "test_unasked.py")],
-        cwd=root, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.conftest",
+            "-p",
+            "tests.e2e.conftest",
+            "--rootdir",
+            str(short_tmp),
+            str(short_tmp / "test_unasked.py"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "1 passed, 1 error" in run.stdout, run.stdout

@@ -119,7 +119,7 @@ FILES: list[tuple[str, Callable[[Path], None], str | None, str | None]] = [
     # Content that is not a device file (docs/DEVICES.md): a device, Unhealthy, with the reason logged.
     ("binary-content", lambda d: (d / "binary").write_bytes(os.urandom(4096)), None, "binary"),
     ("huge-file", lambda d: (d / "huge").write_bytes(b"#" * (8 << 20)), None, "huge"),
-    ("toml-of-another-kind", lambda d: (d / "other").write_text('[server]\nport = 80\n'), None, "other"),
+    ("toml-of-another-kind", lambda d: (d / "other").write_text("[server]\nport = 80\n"), None, "other"),
 ]
 UNHEALTHY_CONTENT = {"binary", "huge", "other"}
 

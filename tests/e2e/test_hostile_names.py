@@ -59,7 +59,11 @@ def churn(d: bytes, name: bytes) -> None:
 def roles_unchanged(colad: ColadService, before: dict[str, int]) -> None:
     states = colad.states()
     assert {p: states[p] for p in PROGRAMS} == {p: ("RUNNING", before[p]) for p in PROGRAMS}, (
-        "a role restarted", before, states, colad.log()[-4000:])
+        "a role restarted",
+        before,
+        states,
+        colad.log()[-4000:],
+    )
     log = colad.log()
     assert "Traceback" not in log, log[log.index("Traceback") - 2000 :][:6000]
 

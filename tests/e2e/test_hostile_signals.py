@@ -62,7 +62,7 @@ def exit_line(colad: ColadService, role: str, pid: int) -> str:
     lines = colad.log().splitlines()
     spawned = [i for i, line in enumerate(lines) if f"spawned: '{role}' with pid {pid}" in line]
     assert spawned, f"no spawn line for {role} pid {pid}"
-    for line in lines[spawned[-1] + 1:]:
+    for line in lines[spawned[-1] + 1 :]:
         if f"spawned: '{role}'" in line:
             break
         if match := pattern.search(line):
@@ -100,8 +100,9 @@ def test_sigterm_during_start_up_is_a_clean_exit(colad: ColadService, kubelet: F
             pid = spawn_now(colad, role)
             time.sleep(delay)
             colad.rpc().supervisor.signalProcess(f"colad:{role}", "TERM")
-            ended = wait_until(lambda r=role, p=pid: exit_line(colad, r, p), 30,
-                               f"{role} pid {pid} to exit", logs=[colad.log_path])
+            ended = wait_until(
+                lambda r=role, p=pid: exit_line(colad, r, p), 30, f"{role} pid {pid} to exit", logs=[colad.log_path]
+            )
             assert ended.startswith("exit status 0"), f"{role} after SIGTERM at {delay:.3f}s: {ended}"
             colad.wait_running(30, exclude_pids={role: pid})
     kubelet.wait_devices(DEVICES, timeout=30)
@@ -120,8 +121,9 @@ def test_colad_reload_right_after_colad_supervise_starts(short_tmp: Path, kubele
             time.sleep(0.005)
         deadline = time.monotonic() + 1.5
         while not stop.is_set() and time.monotonic() < deadline:
-            done = subprocess.run([sys.executable, "-m", "colad", "reload"], env=service.env, capture_output=True,
-                                  text=True, timeout=30)
+            done = subprocess.run(
+                [sys.executable, "-m", "colad", "reload"], env=service.env, capture_output=True, text=True, timeout=30
+            )
             results.append(done.returncode)
             assert "Traceback" not in done.stderr, done.stderr
 
@@ -155,8 +157,13 @@ def test_a_role_whose_parent_is_pid_1_does_not_stop_itself(short_tmp: Path) -> N
         "sleep 1; kill -0 $child && echo alive; kill $child; wait"
     )
     # A new PID namespace: sh is its PID 1 and discovery's parent, as supervisord is in the pod.
-    done = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", script], env=service.env,
-                          capture_output=True, text=True, timeout=90)
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", script],
+        env=service.env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     log = out.read_text(errors="replace")
     assert "alive" in done.stdout, done.stdout + done.stderr + log
     assert "discovery starting" in log and "parent died" not in log and "Traceback" not in log, log
@@ -165,12 +172,21 @@ def test_a_role_whose_parent_is_pid_1_does_not_stop_itself(short_tmp: Path) -> N
 def test_a_role_still_dies_with_its_parent(short_tmp: Path) -> None:
     service = ColadService(short_tmp)
     service.add(*DEVICES)
-    parent = subprocess.Popen(["sh", "-c", f"{sys.executable} -m colad discovery & echo $!; wait"], env=service.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        ["sh", "-c", f"{sys.executable} -m colad discovery & echo $!; wait"],
+        env=service.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
-    wait_until(lambda: Path(f"/proc/{child}/status").read_text().count("SigCgt") and _caught(child), 20,
-               "discovery's handlers installed")
+    wait_until(
+        lambda: Path(f"/proc/{child}/status").read_text().count("SigCgt") and _caught(child),
+        20,
+        "discovery's handlers installed",
+    )
     parent.kill()
     parent.wait(10)
     wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), 20, "discovery gone with its parent")

@@ -95,20 +95,26 @@ def pod() -> Iterator[Pod]:
     cfg_path = run.host_dir("config") / "colad.toml"
     cfg = config_mod.load(flags={"config": str(cfg_path)}, env={})
     kubelet = FakeKubelet(run.host_path_of(cfg.kubelet_dir))
-    pod_resources = FakePodResources(run.host_path_of(str(Path(cfg.pod_resources_socket).parent))
-                                     / Path(cfg.pod_resources_socket).name)
+    pod_resources = FakePodResources(
+        run.host_path_of(str(Path(cfg.pod_resources_socket).parent)) / Path(cfg.pod_resources_socket).name
+    )
     for device in DEVICES:
         (run.host_path_of(cfg.resources[0].device_dir) / device).touch()
     kubelet.start()
     pod_resources.start()
     log_path = root / "podman-run.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["podman", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=image.podman_env())
+        proc = subprocess.Popen(
+            ["podman", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=image.podman_env()
+        )
     box = Pod(run, proc, log_path, kubelet, pod_resources, cfg.resources[0].name)
     try:
-        wait_until(lambda: proc.poll() is None and (container_state(name) or {}).get("Running"), 60,
-                   "the container running", logs=[log_path])
+        wait_until(
+            lambda: proc.poll() is None and (container_state(name) or {}).get("Running"),
+            60,
+            "the container running",
+            logs=[log_path],
+        )
         box.ip = container_ip(name)
         yield box
     finally:
@@ -137,8 +143,9 @@ def test_registers_through_the_bind_mounted_directory_with_an_exact_list(pod: Po
     assert registration.resource_name == pod.resource
     pod.kubelet.wait_devices(DEVICES, timeout=30)
     # All three roles up under supervisord as PID 1 (issue 16: they used to SIGTERM themselves).
-    pod.pids = wait_until(lambda: (p := role_pids(pod)) and len(p) == 3 and p, 30, "three RUNNING roles",
-                          logs=[pod.log_path])
+    pod.pids = wait_until(
+        lambda: (p := role_pids(pod)) and len(p) == 3 and p, 30, "three RUNNING roles", logs=[pod.log_path]
+    )
     assert pod.exec("cat", "/proc/1/comm").stdout.strip().startswith(("supervisord", "python"))
 
 
@@ -174,11 +181,13 @@ def test_kubelet_restart_is_followed_by_a_new_registration(pod: Pod) -> None:
 @needs_podman
 def test_in_use_view_from_pod_resources(pod: Pod) -> None:
     pod.pod_resources.assign("default", "app", "main", pod.resource, ["cocacola"])
-    holders = [{"resource": pod.resource, "device_id": "cocacola", "namespace": "default", "pod": "app",
-                "container": "main"}]
+    holders = [
+        {"resource": pod.resource, "device_id": "cocacola", "namespace": "default", "pod": "app", "container": "main"}
+    ]
     # pod_resources_interval (10 s by default) paces the polling.
-    wait_until(lambda: pod.status()["in_use"]["holders"] == holders, 45, "the holder in colad status",
-               logs=[pod.log_path])
+    wait_until(
+        lambda: pod.status()["in_use"]["holders"] == holders, 45, "the holder in colad status", logs=[pod.log_path]
+    )
     pod.pod_resources.release("default", "app")
     wait_until(lambda: pod.status()["in_use"]["holders"] == [], 45, "the holder gone", logs=[pod.log_path])
 
@@ -187,8 +196,9 @@ def test_in_use_view_from_pod_resources(pod: Pod) -> None:
 def test_probes_and_metrics_answer_at_the_containers_address(pod: Pod) -> None:
     readiness, liveness = pod.run.container["readinessProbe"], pod.run.container["livenessProbe"]
     pod.kubelet.wait_devices(DEVICES, timeout=30)
-    code, body = wait_until(lambda: (r := pod.get(readiness)) and r[0] == 200 and r, 30, "readiness 200",
-                            logs=[pod.log_path])
+    code, body = wait_until(
+        lambda: (r := pod.get(readiness)) and r[0] == 200 and r, 30, "readiness 200", logs=[pod.log_path]
+    )
     assert body.startswith("ok"), body
     with socket.create_connection((pod.ip, pod.run.probe_port(liveness)), timeout=liveness["timeoutSeconds"]):
         pass  # the tcpSocket liveness probe
@@ -231,5 +241,7 @@ def test_podman_stop_within_the_grace_period_withdraws_the_devices_and_leaves_no
     assert not (plugin_dir / endpoint).exists()
     leftovers = sorted(p.name for p in plugin_dir.iterdir() if p.name.startswith("colad"))
     assert leftovers == []
-    print(f"podman stop: {took:.1f}s of a {pod.run.grace_period}s grace period; image {pod.run.image}, "
-          f"{image.image_size(pod.run.image) / 2**20:.1f} MiB")
+    print(
+        f"podman stop: {took:.1f}s of a {pod.run.grace_period}s grace period; image {pod.run.image}, "
+        f"{image.image_size(pod.run.image) / 2**20:.1f} MiB"
+    )

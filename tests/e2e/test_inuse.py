@@ -41,10 +41,13 @@ def pod_resources(short_tmp: Path) -> Iterator[FakePodResources]:
 
 @pytest.fixture
 def colad(short_tmp: Path, kubelet: FakeKubelet, pod_resources: FakePodResources) -> Iterator[ColadService]:
-    service = ColadService(short_tmp, extra_env={
-        "COLAD_POD_RESOURCES_SOCKET": str(pod_resources.socket_path),
-        "COLAD_POD_RESOURCES_INTERVAL": "0.2",
-    })
+    service = ColadService(
+        short_tmp,
+        extra_env={
+            "COLAD_POD_RESOURCES_SOCKET": str(pod_resources.socket_path),
+            "COLAD_POD_RESOURCES_INTERVAL": "0.2",
+        },
+    )
     service.add("cocacola", "peisicola")
     service.start()
     yield service
@@ -53,8 +56,9 @@ def colad(short_tmp: Path, kubelet: FakeKubelet, pod_resources: FakePodResources
 
 
 def status(colad: ColadService, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "colad", "status", *flags], env=colad.env,
-                          capture_output=True, text=True, timeout=20)
+    return subprocess.run(
+        [sys.executable, "-m", "colad", "status", *flags], env=colad.env, capture_output=True, text=True, timeout=20
+    )
 
 
 def in_use(colad: ColadService) -> dict[str, Any]:
@@ -68,7 +72,9 @@ def scrape(colad: ColadService) -> list[str]:
 
 
 def test_status_and_metrics_follow_the_kubelets_pod_resources(
-    colad: ColadService, kubelet: FakeKubelet, pod_resources: FakePodResources,
+    colad: ColadService,
+    kubelet: FakeKubelet,
+    pod_resources: FakePodResources,
 ) -> None:
     kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
@@ -79,10 +85,12 @@ def test_status_and_metrics_follow_the_kubelets_pod_resources(
     kubelet.allocate(["cocacola"])
     pod_resources.assign("default", "app", "main", COLA, ["cocacola"])
     pod_resources.assign("default", "app", "main", "nvidia.com/gpu", ["GPU-1"])  # not colad's
-    view = wait_until(lambda: (v := in_use(colad))["holders"] and v, 10, "the holder in colad status",
-                      logs=[colad.log_path])
-    assert view["holders"] == [{"resource": COLA, "device_id": "cocacola", "namespace": "default",
-                                "pod": "app", "container": "main"}]
+    view = wait_until(
+        lambda: (v := in_use(colad))["holders"] and v, 10, "the holder in colad status", logs=[colad.log_path]
+    )
+    assert view["holders"] == [
+        {"resource": COLA, "device_id": "cocacola", "namespace": "default", "pod": "app", "container": "main"}
+    ]
     samples = wait_until(lambda: (s := scrape(colad)) and HOLDER_SERIES in s and s, 10, "the holder in /metrics")
     assert f'colad_devices_in_use{{resource="{COLA}"}} 1.0' in samples
     assert "colad_pod_resources_up 1.0" in samples
@@ -102,7 +110,9 @@ def test_status_and_metrics_follow_the_kubelets_pod_resources(
 
 
 def test_status_says_why_the_view_is_unavailable(
-    colad: ColadService, kubelet: FakeKubelet, pod_resources: FakePodResources,
+    colad: ColadService,
+    kubelet: FakeKubelet,
+    pod_resources: FakePodResources,
 ) -> None:
     kubelet.wait_registered()
     wait_until(lambda: in_use(colad)["available"], 15, "the in-use view available", logs=[colad.log_path])

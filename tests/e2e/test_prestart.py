@@ -63,7 +63,7 @@ def test_prepare_runs_with_the_device_ids(prepared: tuple[ColadService, Path], k
     calls = (out / "calls").read_text()
     assert calls == "peisicola cocacola devices=peisicola,cocacola resource=myway5.com/cola\n"
     assert metric(colad, "success") == 1.0
-    colad.wait_log('msg=prepared resource=myway5.com/cola devices=peisicola,cocacola commands=1')
+    colad.wait_log("msg=prepared resource=myway5.com/cola devices=peisicola,cocacola commands=1")
 
 
 def test_prepare_failure_names_the_device_and_the_reason(

@@ -250,17 +250,22 @@ class FakeKubelet:
             return self.register_error
         if r.version not in constants.SUPPORTED_VERSIONS:
             supported = "[" + " ".join(_go_quote(v) for v in constants.SUPPORTED_VERSIONS) + "]"
-            return f"requested API version {_go_quote(r.version)} is not supported by kubelet. " \
-                   f"Supported version is {supported}"
+            return (
+                f"requested API version {_go_quote(r.version)} is not supported by kubelet. "
+                f"Supported version is {supported}"
+            )
         if not is_extended_resource_name(r.resource_name):
             return f"the ResourceName {_go_quote(r.resource_name)} is invalid"
         if "/" in r.endpoint:
             self._violate(f"Register: endpoint {r.endpoint!r} is not a file name in the device-plugins directory")
         path = os.path.normpath(f"{self.plugin_dir}/{r.endpoint}")  # filepath.Join(socketDir, r.Endpoint)
-        channel = grpc.insecure_channel("unix:" + path, options=[
-            ("grpc.max_receive_message_length", constants.KUBELET_MAX_RECV_MESSAGE_BYTES),
-            ("grpc.default_authority", "localhost"),
-        ])
+        channel = grpc.insecure_channel(
+            "unix:" + path,
+            options=[
+                ("grpc.max_receive_message_length", constants.KUBELET_MAX_RECV_MESSAGE_BYTES),
+                ("grpc.default_authority", "localhost"),
+            ],
+        )
         with self._cond:
             if stop_event.is_set():
                 channel.close()
@@ -279,8 +284,10 @@ class FakeKubelet:
         options = (reply.pre_start_required, reply.get_preferred_allocation_available)
         sent = (r.options.pre_start_required, r.options.get_preferred_allocation_available)
         if sent != options:  # an unset RegisterRequest.options reads as all false, as in Go
-            self._violate(f"Register: RegisterRequest.options {sent} differ from GetDevicePluginOptions {options} "
-                          "(pre_start_required, get_preferred_allocation); kubelets before 1.25 use the former")
+            self._violate(
+                f"Register: RegisterRequest.options {sent} differ from GetDevicePluginOptions {options} "
+                "(pre_start_required, get_preferred_allocation); kubelets before 1.25 use the former"
+            )
         client = _Client(r.resource_name, r.endpoint, channel, options, stop_event)
         client.thread = threading.Thread(target=self._run, args=(client,), name=f"law-{r.endpoint}", daemon=True)
         with self._cond:
@@ -307,8 +314,9 @@ class FakeKubelet:
                     break
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                self._violate(f"ListAndWatch from {client.endpoint}: message over the kubelet's 4 MiB limit: "
-                              f"{_go_status(exc)}")
+                self._violate(
+                    f"ListAndWatch from {client.endpoint}: message over the kubelet's 4 MiB limit: {_go_status(exc)}"
+                )
         except ValueError:
             pass  # the channel was closed before the call started
         finally:
@@ -331,10 +339,16 @@ class FakeKubelet:
         where = f"ListAndWatch from {client.endpoint}"
         duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
         problems = [f"{where}: duplicate device IDs {duplicates}"] if duplicates else []
-        problems += [f"{where}: empty device ID" if not i else f"{where}: device ID {i!r} longer than 63 characters"
-                     for i in ids if not i or len(i) > constants.MAX_DEVICE_ID_LENGTH]
-        problems += [f"{where}: device {d.ID!r} has health {d.health!r}, not Healthy/Unhealthy"
-                     for d in message.devices if d.health not in (constants.HEALTHY, constants.UNHEALTHY)]
+        problems += [
+            f"{where}: empty device ID" if not i else f"{where}: device ID {i!r} longer than 63 characters"
+            for i in ids
+            if not i or len(i) > constants.MAX_DEVICE_ID_LENGTH
+        ]
+        problems += [
+            f"{where}: device {d.ID!r} has health {d.health!r}, not Healthy/Unhealthy"
+            for d in message.devices
+            if d.health not in (constants.HEALTHY, constants.UNHEALTHY)
+        ]
         with self._cond:
             self._updates.append(ListAndWatchUpdate(at, client.endpoint, devices, len(raw)))
             self._violations.extend(problems)
@@ -352,8 +366,9 @@ class FakeKubelet:
         """checkpointmanager + util/store filestore.go writeFile: dot-prefixed temp file, fsync, rename."""
         with self._checkpoint_lock:
             with self._cond:  # RegisteredDevices holds only healthy IDs (manager.go writeCheckpoint)
-                registered = {r: sorted(i for i, h in d.items() if h == constants.HEALTHY)
-                              for r, d in self._held.items()}
+                registered = {
+                    r: sorted(i for i, h in d.items() if h == constants.HEALTHY) for r, d in self._held.items()
+                }
             data = {"Data": {"PodDeviceEntries": [], "RegisteredDevices": registered}, "Checksum": 0}
             fd, tmp = tempfile.mkstemp(prefix=".", dir=self.plugin_dir)
             with os.fdopen(fd, "w") as handle:
@@ -371,16 +386,21 @@ class FakeKubelet:
         r = response.container_responses[0]
         return {
             "envs": dict(r.envs),
-            "mounts": [{"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only}
-                       for m in r.mounts],
-            "devices": [{"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
-                        for d in r.devices],
+            "mounts": [
+                {"container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only}
+                for m in r.mounts
+            ],
+            "devices": [
+                {"container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions}
+                for d in r.devices
+            ],
             "annotations": dict(r.annotations),
             "cdi_devices": [c.name for c in r.cdi_devices],
         }
 
-    def allocate_raw(self, request: pb.AllocateRequest, timeout: float = 10, *,
-                     resource: str | None = None) -> pb.AllocateResponse:
+    def allocate_raw(
+        self, request: pb.AllocateRequest, timeout: float = 10, *, resource: str | None = None
+    ) -> pb.AllocateResponse:
         client = self._live_client(resource)
         response = self._unary(client.channel, "Allocate", request, pb.AllocateResponse, timeout)
         want, got = len(request.container_requests), len(response.container_responses)
@@ -400,15 +420,28 @@ class FakeKubelet:
                     self._violate(f"Allocate: device {d.host_path!r} has permissions {d.permissions!r}")
         return response
 
-    def get_preferred_allocation(self, available: list[str], must_include: list[str], size: int,
-                                 timeout: float = 10, *, resource: str | None = None) -> list[str]:
+    def get_preferred_allocation(
+        self,
+        available: list[str],
+        must_include: list[str],
+        size: int,
+        timeout: float = 10,
+        *,
+        resource: str | None = None,
+    ) -> list[str]:
         client = self._live_client(resource)
         if not client.options[1]:
             self._violate("GetPreferredAllocation called although get_preferred_allocation_available is false")
-        request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
-            available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size)])
-        response = self._unary(client.channel, "GetPreferredAllocation", request, pb.PreferredAllocationResponse,
-                               timeout)
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
+                )
+            ]
+        )
+        response = self._unary(
+            client.channel, "GetPreferredAllocation", request, pb.PreferredAllocationResponse, timeout
+        )
         if len(response.container_responses) != 1:
             self._violate(f"GetPreferredAllocation: {len(response.container_responses)} container responses for 1")
         return list(response.container_responses[0].deviceIDs) if response.container_responses else []
@@ -420,8 +453,7 @@ class FakeKubelet:
         request = pb.PreStartContainerRequest(devices_ids=device_ids)
         self._unary(client.channel, "PreStartContainer", request, pb.PreStartContainerResponse, timeout)
 
-    def _unary(self, channel: grpc.Channel, method: str, request: Message, reply: type[M],
-               timeout: float | None) -> M:
+    def _unary(self, channel: grpc.Channel, method: str, request: Message, reply: type[M], timeout: float | None) -> M:
         call = channel.unary_unary(_PLUGIN + method, request_serializer=type(request).SerializeToString)
         return self._parse(reply, call(request, timeout=timeout), method)  # no deserializer: raw bytes
 
@@ -516,11 +548,15 @@ class FakeKubelet:
 
         return cast(Registration, self._wait(latest, timeout, f"{count} successful registration(s)"))
 
-    def wait_devices(self, expected: dict[str, str] | set[str], timeout: float = 10.0, *,
-                     resource: str | None = None) -> None:
+    def wait_devices(
+        self, expected: dict[str, str] | set[str], timeout: float = 10.0, *, resource: str | None = None
+    ) -> None:
         want = {i: constants.HEALTHY for i in expected} if isinstance(expected, set) else dict(expected)
-        self._wait(lambda: self.devices(resource) == want and self.stream_alive(resource), timeout,
-                   f"devices {want} of {resource or 'the latest resource'} on a live stream")
+        self._wait(
+            lambda: self.devices(resource) == want and self.stream_alive(resource),
+            timeout,
+            f"devices {want} of {resource or 'the latest resource'} on a live stream",
+        )
 
     def close_stream(self) -> None:
         with self._cond:
@@ -536,8 +572,10 @@ class FakeKubelet:
         try:
             return wait_until(predicate, timeout, describe)
         except WaitTimeout as exc:
-            raise WaitTimeout(f"{exc}\nregistrations: {self.registrations}\ndevices: {self.devices()}\n"
-                              f"live streams: {self.live_streams()}\nviolations: {self.violations}") from None
+            raise WaitTimeout(
+                f"{exc}\nregistrations: {self.registrations}\ndevices: {self.devices()}\n"
+                f"live streams: {self.live_streams()}\nviolations: {self.violations}"
+            ) from None
 
     def _violate(self, text: str) -> None:
         with self._cond:

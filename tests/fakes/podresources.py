@@ -30,17 +30,25 @@ class _Servicer(pb_grpc.PodResourcesListerServicer):
     def __init__(self, fake: FakePodResources) -> None:
         self._fake = fake
 
-    def List(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext,  # noqa: N802
-             ) -> pb.ListPodResourcesResponse:
+    def List(
+        self,
+        request: pb.ListPodResourcesRequest,
+        context: grpc.ServicerContext,  # noqa: N802
+    ) -> pb.ListPodResourcesResponse:
         self._fake._admit("List", context)
         return self._fake._list()
 
-    def GetAllocatableResources(self, request: pb.AllocatableResourcesRequest,  # noqa: N802
-                                context: grpc.ServicerContext) -> pb.AllocatableResourcesResponse:
+    def GetAllocatableResources(
+        self,
+        request: pb.AllocatableResourcesRequest,  # noqa: N802
+        context: grpc.ServicerContext,
+    ) -> pb.AllocatableResourcesResponse:
         self._fake._admit("GetAllocatableResources", context)
         if not self._fake.allocatable:  # the generated servicer's answer, as a kubelet < 1.23 gives it
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources for service "
-                          "v1.PodResourcesLister")
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "unknown method GetAllocatableResources for service v1.PodResourcesLister",
+            )
         return self._fake._allocatable()
 
 
@@ -138,20 +146,32 @@ class FakePodResources:
 
     def _list(self) -> pb.ListPodResourcesResponse:
         with self._lock:
-            return pb.ListPodResourcesResponse(pod_resources=[
-                pb.PodResources(name=pod, namespace=namespace, containers=[
-                    pb.ContainerResources(name=container, devices=[
-                        pb.ContainerDevices(resource_name=resource, device_ids=ids)
-                        for resource, ids in resources.items() if ids
-                    ])
-                    for container, resources in containers.items()
-                ])
-                for (namespace, pod), containers in self._pods.items()
-            ])
+            return pb.ListPodResourcesResponse(
+                pod_resources=[
+                    pb.PodResources(
+                        name=pod,
+                        namespace=namespace,
+                        containers=[
+                            pb.ContainerResources(
+                                name=container,
+                                devices=[
+                                    pb.ContainerDevices(resource_name=resource, device_ids=ids)
+                                    for resource, ids in resources.items()
+                                    if ids
+                                ],
+                            )
+                            for container, resources in containers.items()
+                        ],
+                    )
+                    for (namespace, pod), containers in self._pods.items()
+                ]
+            )
 
     def _allocatable(self) -> pb.AllocatableResourcesResponse:
         with self._lock:
-            return pb.AllocatableResourcesResponse(devices=[
-                pb.ContainerDevices(resource_name=resource, device_ids=ids)
-                for resource, ids in self._allocatable_devices.items()
-            ])
+            return pb.AllocatableResourcesResponse(
+                devices=[
+                    pb.ContainerDevices(resource_name=resource, device_ids=ids)
+                    for resource, ids in self._allocatable_devices.items()
+                ]
+            )

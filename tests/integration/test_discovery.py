@@ -102,6 +102,7 @@ def wait_for_devices(
 
 # ---------------------------------------------------------------- what is a device
 
+
 def _regular(d: Path, name: str) -> None:
     touch(d / name, "x")
 
@@ -164,8 +165,12 @@ ENTRIES = [
 
 @pytest.mark.parametrize("make, name, is_device", ENTRIES)
 def test_entry_present_at_start(
-    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner],
-    make: Callable[[Path, str], None], name: str, is_device: bool,
+    cfg: Config,
+    serve: Serve,
+    runners: Callable[[Discovery], RoleRunner],
+    make: Callable[[Path, str], None],
+    name: str,
+    is_device: bool,
 ) -> None:
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
@@ -178,8 +183,12 @@ def test_entry_present_at_start(
 
 @pytest.mark.parametrize("make, name, is_device", ENTRIES)
 def test_entry_appearing_while_running(
-    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner],
-    make: Callable[[Path, str], None], name: str, is_device: bool,
+    cfg: Config,
+    serve: Serve,
+    runners: Callable[[Discovery], RoleRunner],
+    make: Callable[[Path, str], None],
+    name: str,
+    is_device: bool,
 ) -> None:
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
@@ -202,6 +211,7 @@ def test_list_regular_files_reports_a_missing_directory(short_tmp: Path) -> None
 
 
 # ---------------------------------------------------------------- changes
+
 
 def _create(d: Path, o: Path) -> None:
     touch(d / "dev-3")
@@ -283,8 +293,11 @@ def _many(d: Path, o: Path) -> None:
     ],
 )
 def test_change_ends_with_an_exact_snapshot(
-    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner],
-    change: Callable[[Path, Path], None], expected: set[str],
+    cfg: Config,
+    serve: Serve,
+    runners: Callable[[Discovery], RoleRunner],
+    change: Callable[[Path, Path], None],
+    expected: set[str],
 ) -> None:
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
@@ -352,6 +365,7 @@ def test_rescans_reach_the_plugin_as_stats(
 
 
 # ---------------------------------------------------------------- the directory itself
+
 
 def test_device_directory_missing_removed_recreated_and_replaced(
     cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
@@ -443,6 +457,7 @@ def test_directory_removed_and_recreated_between_two_steps(
 
 # ---------------------------------------------------------------- inotify overflow
 
+
 @contextlib.contextmanager
 def inotify_queue_limit(events: int) -> Iterator[None]:
     """Lower fs.inotify.max_queued_events (read at inotify_init) and always put it back.
@@ -462,9 +477,7 @@ def inotify_queue_limit(events: int) -> Iterator[None]:
             MAX_QUEUED_EVENTS.write_text(old)
 
 
-def test_overflow_rescans_and_ends_exact(
-    cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
-) -> None:
+def test_overflow_rescans_and_ends_exact(cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]) -> None:
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
     touch(device_dir / "dev-0")
@@ -488,6 +501,7 @@ def test_overflow_rescans_and_ends_exact(
 
 
 # ---------------------------------------------------------------- the plugin end of the queue
+
 
 def test_restarted_plugin_gets_the_full_current_snapshot_at_once(
     cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
@@ -570,7 +584,6 @@ def test_run_returns_zero_when_stopped(cfg: Config, serve: Serve) -> None:
     assert discovery.client.sock is None
 
 
-
 def test_file_content_sets_health_and_details_and_a_fix_recovers(
     cfg: Config, serve: Serve, runners: Callable[[Discovery], RoleRunner]
 ) -> None:
@@ -585,7 +598,7 @@ def test_file_content_sets_health_and_details_and_a_fix_recovers(
         snapshot = inbox.of(DeviceSnapshot)[-1]
         return {d.device_id: d for d in snapshot.devices}
 
-    (device_dir / "dev-0").write_text("numa_nodes = [1]\n[envs]\nFLAVOUR = \"cherry\"\n")
+    (device_dir / "dev-0").write_text('numa_nodes = [1]\n[envs]\nFLAVOUR = "cherry"\n')
     wait_until(lambda: latest()["dev-0"].numa_nodes == (1,), 5, "dev-0 with its NUMA node")
     assert latest()["dev-0"].envs == (("FLAVOUR", "cherry"),) and latest()["dev-0"].healthy
     (device_dir / "dev-0").write_text("numa_nodes = [1\n")  # malformed: only dev-0 turns Unhealthy

@@ -35,13 +35,21 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 class Plugin(pb_grpc.DevicePluginServicer):
     """A minimal correct device plugin: serve first, then register; full list at once, then on change."""
 
-    def __init__(self, plugin_dir: Path, devices: dict[str, str], *, options: tuple[bool, bool] = (False, True),
-                 resource: str = RESOURCE, version: str = "v1beta1") -> None:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        devices: dict[str, str],
+        *,
+        options: tuple[bool, bool] = (False, True),
+        resource: str = RESOURCE,
+        version: str = "v1beta1",
+    ) -> None:
         self.plugin_dir = plugin_dir
         self.endpoint = f"test-{uuid.uuid4().hex[:8]}.sock"
         self.socket_path = plugin_dir / self.endpoint
-        self.options = pb.DevicePluginOptions(pre_start_required=options[0],
-                                              get_preferred_allocation_available=options[1])
+        self.options = pb.DevicePluginOptions(
+            pre_start_required=options[0], get_preferred_allocation_available=options[1]
+        )
         self.resource, self.version = resource, version
         self._cond = threading.Condition()
         self._devices = dict(devices)
@@ -51,8 +59,9 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     # ---- what broken variants override ----
     def register_request(self) -> pb.RegisterRequest:
-        return pb.RegisterRequest(version=self.version, endpoint=self.endpoint, resource_name=self.resource,
-                                  options=self.options)
+        return pb.RegisterRequest(
+            version=self.version, endpoint=self.endpoint, resource_name=self.resource, options=self.options
+        )
 
     def list_response(self, devices: dict[str, str]) -> pb.ListAndWatchResponse:
         return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=h) for i, h in devices.items()])
@@ -87,8 +96,11 @@ class Plugin(pb_grpc.DevicePluginServicer):
             responses.append(pb.ContainerAllocateResponse(envs={"COLA_DEVICES": ",".join(container.devices_ids)}))
         return pb.AllocateResponse(container_responses=responses)
 
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,  # noqa: N802
-                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+    def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,  # noqa: N802
+        context: grpc.ServicerContext,
+    ) -> pb.PreferredAllocationResponse:
         responses = []
         for c in request.container_requests:
             rest = [i for i in c.available_deviceIDs if i not in c.must_include_deviceIDs]
@@ -96,8 +108,11 @@ class Plugin(pb_grpc.DevicePluginServicer):
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
-    def PreStartContainer(self, request: pb.PreStartContainerRequest,  # noqa: N802
-                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+    def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,  # noqa: N802
+        context: grpc.ServicerContext,
+    ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
     # ---- life cycle ----
@@ -176,11 +191,17 @@ def register_error(kubelet: FakeKubelet, plugin: Plugin) -> grpc.RpcError:
 
 # ---- a correct plugin ----
 
+
 def test_registration_records_options_and_full_list(kubelet: FakeKubelet, plugins: list[Plugin]) -> None:
     plugin = running(plugins, Plugin(kubelet.plugin_dir, {"a": "Healthy", "b": "Unhealthy"}), kubelet)
     reg = kubelet.wait_registered()
     assert (reg.ok, reg.error, reg.version, reg.endpoint, reg.resource_name) == (
-        True, "", "v1beta1", plugin.endpoint, RESOURCE)
+        True,
+        "",
+        "v1beta1",
+        plugin.endpoint,
+        RESOURCE,
+    )
     assert reg.options == (False, True) and kubelet.options() == (False, True)
     assert reg.at <= reg.answered_at
     kubelet.wait_devices({"a": "Healthy", "b": "Unhealthy"})
@@ -197,16 +218,23 @@ def test_each_update_replaces_the_whole_set(kubelet: FakeKubelet, plugins: list[
     kubelet.wait_devices({"a", "b"})
     plugin.set_devices({"b": "Unhealthy", "c": "Healthy"})
     kubelet.wait_devices({"b": "Unhealthy", "c": "Healthy"})
-    assert [u.devices for u in kubelet.updates] == [{"a": "Healthy", "b": "Healthy"},
-                                                    {"b": "Unhealthy", "c": "Healthy"}]
+    assert [u.devices for u in kubelet.updates] == [
+        {"a": "Healthy", "b": "Healthy"},
+        {"b": "Unhealthy", "c": "Healthy"},
+    ]
     assert kubelet.violations == []
 
 
 def test_allocate_preferred_allocation_and_prestart(kubelet: FakeKubelet, plugins: list[Plugin]) -> None:
     running(plugins, Plugin(kubelet.plugin_dir, {"a": "Healthy", "b": "Healthy"}, options=(True, True)), kubelet)
     kubelet.wait_devices({"a", "b"})
-    assert kubelet.allocate(["a", "b"]) == {"envs": {"COLA_DEVICES": "a,b"}, "mounts": [], "devices": [],
-                                            "annotations": {}, "cdi_devices": []}
+    assert kubelet.allocate(["a", "b"]) == {
+        "envs": {"COLA_DEVICES": "a,b"},
+        "mounts": [],
+        "devices": [],
+        "annotations": {},
+        "cdi_devices": [],
+    }
     with pytest.raises(grpc.RpcError) as caught:
         kubelet.allocate(["nope"])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -237,16 +265,25 @@ def test_register_delay_holds_the_answer(plugin_dir: Path, plugins: list[Plugin]
 
 # ---- Register failures, with the kubelet's own texts ----
 
-@pytest.mark.parametrize("version, resource, expected", [
-    ("v1alpha", RESOURCE, 'requested API version "v1alpha" is not supported by kubelet. '
-                          'Supported version is ["v1beta1"]'),
-    ("", RESOURCE, 'requested API version "" is not supported by kubelet. Supported version is ["v1beta1"]'),
-    ("v1beta1", "cola", 'the ResourceName "cola" is invalid'),
-    ("v1beta1", "kubernetes.io/cola", 'the ResourceName "kubernetes.io/cola" is invalid'),
-    ("v1beta1", "Myway5.com/cola", 'the ResourceName "Myway5.com/cola" is invalid'),
-], ids=["old-version", "no-version", "no-prefix", "native-prefix", "uppercase-prefix"])
-def test_register_rejects_with_kubelet_text(kubelet: FakeKubelet, plugins: list[Plugin], version: str,
-                                             resource: str, expected: str) -> None:
+
+@pytest.mark.parametrize(
+    "version, resource, expected",
+    [
+        (
+            "v1alpha",
+            RESOURCE,
+            'requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]',
+        ),
+        ("", RESOURCE, 'requested API version "" is not supported by kubelet. Supported version is ["v1beta1"]'),
+        ("v1beta1", "cola", 'the ResourceName "cola" is invalid'),
+        ("v1beta1", "kubernetes.io/cola", 'the ResourceName "kubernetes.io/cola" is invalid'),
+        ("v1beta1", "Myway5.com/cola", 'the ResourceName "Myway5.com/cola" is invalid'),
+    ],
+    ids=["old-version", "no-version", "no-prefix", "native-prefix", "uppercase-prefix"],
+)
+def test_register_rejects_with_kubelet_text(
+    kubelet: FakeKubelet, plugins: list[Plugin], version: str, resource: str, expected: str
+) -> None:
     plugin = Plugin(kubelet.plugin_dir, {"a": "Healthy"}, version=version, resource=resource).serve()
     plugins.append(plugin)
     error = register_error(kubelet, plugin)
@@ -287,27 +324,31 @@ def test_register_error_option_fails_every_register(plugin_dir: Path, plugins: l
         assert kubelet.registrations[0].error == "kubelet is busy" and kubelet.live_streams() == 0
 
 
-@pytest.mark.parametrize("name, valid", [
-    ("myway5.com/cola", True),
-    ("example.com/a.b_c-D9", True),
-    ("a/" + "x" * 63, True),
-    ("a/" + "x" * 64, False),
-    ("cola", False),
-    ("kubernetes.io/cola", False),
-    ("foo.kubernetes.io/cola", False),
-    ("requests.example.com/cola", False),
-    ("example.com/a/b", False),
-    ("example.com/-cola", False),
-    ("example.com/cola_", False),
-    ("example_com/cola", False),
-    ("example.com/", False),
-    ("x" * 250 + ".com/cola", False),
-])
+@pytest.mark.parametrize(
+    "name, valid",
+    [
+        ("myway5.com/cola", True),
+        ("example.com/a.b_c-D9", True),
+        ("a/" + "x" * 63, True),
+        ("a/" + "x" * 64, False),
+        ("cola", False),
+        ("kubernetes.io/cola", False),
+        ("foo.kubernetes.io/cola", False),
+        ("requests.example.com/cola", False),
+        ("example.com/a/b", False),
+        ("example.com/-cola", False),
+        ("example.com/cola_", False),
+        ("example_com/cola", False),
+        ("example.com/", False),
+        ("x" * 250 + ".com/cola", False),
+    ],
+)
 def test_extended_resource_name_rule(name: str, valid: bool) -> None:
     assert is_extended_resource_name(name) is valid
 
 
 # ---- kubelet start, restart, stop ----
+
 
 def test_start_deletes_sockets_but_keeps_files_and_checkpoint(plugin_dir: Path, tmp_path: Path) -> None:
     make_stale_socket(plugin_dir / "old-plugin.sock")
@@ -323,8 +364,9 @@ def test_start_deletes_sockets_but_keeps_files_and_checkpoint(plugin_dir: Path, 
         (plugin_dir / CHECKPOINT).write_text('{"Data":{}}')
         with FakeKubelet(plugin_dir) as kubelet:
             left = sorted(os.listdir(plugin_dir))
-            assert left == sorted([CHECKPOINT, "DEPRECATION", "dangling", "kubelet.sock", "not-a-socket.sock",
-                                   "subdir"])
+            assert left == sorted(
+                [CHECKPOINT, "DEPRECATION", "dangling", "kubelet.sock", "not-a-socket.sock", "subdir"]
+            )
             assert (plugin_dir / CHECKPOINT).read_text() == '{"Data":{}}'
             assert stat.S_ISSOCK(os.stat(kubelet.socket_path).st_mode)
             assert os.path.exists(elsewhere / "s")  # the link went, not its target
@@ -349,7 +391,8 @@ def test_checkpoint_is_rewritten_by_rename_after_each_update(kubelet: FakeKubele
 
 
 def test_restart_deletes_plugin_socket_ends_stream_and_needs_new_register(
-        kubelet: FakeKubelet, plugins: list[Plugin]) -> None:
+    kubelet: FakeKubelet, plugins: list[Plugin]
+) -> None:
     plugin = running(plugins, Plugin(kubelet.plugin_dir, {"a": "Healthy", "b": "Healthy"}), kubelet)
     kubelet.wait_devices({"a", "b"})
     kubelet.restart()
@@ -364,8 +407,7 @@ def test_restart_deletes_plugin_socket_ends_stream_and_needs_new_register(
     assert kubelet.violations == []
 
 
-def test_killed_kubelet_leaves_a_dead_socket_that_start_replaces(kubelet: FakeKubelet,
-                                                                 plugins: list[Plugin]) -> None:
+def test_killed_kubelet_leaves_a_dead_socket_that_start_replaces(kubelet: FakeKubelet, plugins: list[Plugin]) -> None:
     kubelet.stop(leave_stale_socket=True)
     assert stat.S_ISSOCK(os.stat(kubelet.socket_path).st_mode)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe, pytest.raises(ConnectionRefusedError):
@@ -403,8 +445,11 @@ def test_newest_registration_wins(kubelet: FakeKubelet, plugins: list[Plugin]) -
     kubelet.wait_devices({"b"})
     assert kubelet.current_endpoint() == new.endpoint and kubelet.live_streams() == 2
     old.set_devices({"z": "Healthy"})
-    wait_until(lambda: any(u.endpoint == old.endpoint and "z" in u.devices for u in kubelet.updates), 5,
-               "the old stream's update")
+    wait_until(
+        lambda: any(u.endpoint == old.endpoint and "z" in u.devices for u in kubelet.updates),
+        5,
+        "the old stream's update",
+    )
     assert kubelet.devices() == {"b": "Healthy"}
     old.stop()
     wait_until(lambda: kubelet.live_streams() == 1, 5, "the old stream to end")
@@ -412,6 +457,7 @@ def test_newest_registration_wins(kubelet: FakeKubelet, plugins: list[Plugin]) -
 
 
 # ---- broken plugins: the fake's strictness ----
+
 
 class MismatchedOptions(Plugin):
     def register_request(self) -> pb.RegisterRequest:
@@ -428,8 +474,9 @@ class NoRegisterOptions(Plugin):
 
 
 @pytest.mark.parametrize("variant", [MismatchedOptions, NoRegisterOptions])
-def test_options_must_match_in_register_and_rpc(kubelet: FakeKubelet, plugins: list[Plugin],
-                                                variant: type[Plugin]) -> None:
+def test_options_must_match_in_register_and_rpc(
+    kubelet: FakeKubelet, plugins: list[Plugin], variant: type[Plugin]
+) -> None:
     running(plugins, variant(kubelet.plugin_dir, {"a": "Healthy"}, options=(False, True)), kubelet)
     kubelet.wait_registered()
     assert kubelet.options() == (False, True)
@@ -452,14 +499,19 @@ class FixedList(Plugin):
         return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=h) for i, h in self.raw_devices])
 
 
-@pytest.mark.parametrize("raw_devices, problem", [
-    ([("a", "Healthy"), ("a", "Healthy")], "duplicate device IDs ['a']"),
-    ([("", "Healthy")], "empty device ID"),
-    ([("x" * 64, "Healthy")], "longer than 63 characters"),
-    ([("a", "healthy")], "has health 'healthy'"),
-], ids=["duplicate-id", "empty-id", "long-id", "bad-health"])
-def test_bad_device_lists_are_violations(kubelet: FakeKubelet, plugins: list[Plugin],
-                                         raw_devices: list[tuple[str, str]], problem: str) -> None:
+@pytest.mark.parametrize(
+    "raw_devices, problem",
+    [
+        ([("a", "Healthy"), ("a", "Healthy")], "duplicate device IDs ['a']"),
+        ([("", "Healthy")], "empty device ID"),
+        ([("x" * 64, "Healthy")], "longer than 63 characters"),
+        ([("a", "healthy")], "has health 'healthy'"),
+    ],
+    ids=["duplicate-id", "empty-id", "long-id", "bad-health"],
+)
+def test_bad_device_lists_are_violations(
+    kubelet: FakeKubelet, plugins: list[Plugin], raw_devices: list[tuple[str, str]], problem: str
+) -> None:
     plugin = FixedList(kubelet.plugin_dir, {})
     plugin.raw_devices = raw_devices
     running(plugins, plugin, kubelet)
@@ -507,8 +559,7 @@ class WrongResponseCount(Plugin):
 
 
 @pytest.mark.parametrize("count", [0, 2])
-def test_allocate_needs_exactly_one_container_response(kubelet: FakeKubelet, plugins: list[Plugin],
-                                                       count: int) -> None:
+def test_allocate_needs_exactly_one_container_response(kubelet: FakeKubelet, plugins: list[Plugin], count: int) -> None:
     plugin = WrongResponseCount(kubelet.plugin_dir, {"a": "Healthy"})
     plugin.count = count
     running(plugins, plugin, kubelet)

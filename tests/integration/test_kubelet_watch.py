@@ -95,6 +95,7 @@ def drain(watcher: KubeletWatch) -> None:
 
 # ---------------------------------------------------------------- kubelet.sock
 
+
 def test_kubelet_socket_appears_and_each_restart_changes_its_identity(
     cfg: Config, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner]
 ) -> None:
@@ -149,6 +150,7 @@ def test_socket_identity_of_a_socket_is_dev_ino_ctime(short_tmp: Path) -> None:
 
 # ---------------------------------------------------------------- plugin sockets
 
+
 def _add(*names: str) -> Callable[[Path], None]:
     def act(d: Path) -> None:
         for name in names:
@@ -181,8 +183,11 @@ def _kubelet_restart(d: Path) -> None:
     "change, expected",
     [
         pytest.param(_add("colad-1.sock"), ("colad-0.sock", "colad-1.sock"), id="one-appears"),
-        pytest.param(_add("colad-2.sock", "colad-1.sock"), ("colad-0.sock", "colad-1.sock", "colad-2.sock"),
-                     id="two-appear-sorted"),
+        pytest.param(
+            _add("colad-2.sock", "colad-1.sock"),
+            ("colad-0.sock", "colad-1.sock", "colad-2.sock"),
+            id="two-appear-sorted",
+        ),
         pytest.param(_remove_colad_0, (), id="one-disappears"),
         pytest.param(_rename_colad_0, ("colad-9.sock",), id="renamed"),
         pytest.param(_rename_in, ("colad-0.sock", "colad-5.sock"), id="renamed-in"),
@@ -193,8 +198,11 @@ def _kubelet_restart(d: Path) -> None:
     ],
 )
 def test_plugin_sockets(
-    cfg: Config, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner],
-    change: Callable[[Path], None], expected: tuple[str, ...],
+    cfg: Config,
+    serve: Serve,
+    runners: Callable[[KubeletWatch], RoleRunner],
+    change: Callable[[Path], None],
+    expected: tuple[str, ...],
 ) -> None:
     kubelet_dir = Path(cfg.kubelet_dir)
     kubelet_dir.mkdir()
@@ -213,6 +221,7 @@ def test_plugin_sockets(
 
 
 # ---------------------------------------------------------------- checkpoint churn
+
 
 def test_checkpoint_churn_publishes_nothing(
     cfg: Config, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner]
@@ -250,6 +259,7 @@ def test_checkpoint_churn_publishes_nothing(
 
 
 # ---------------------------------------------------------------- the kubelet directory itself
+
 
 def test_kubelet_directory_missing_created_removed_recreated(
     cfg: Config, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner]
@@ -320,6 +330,7 @@ def test_kubelet_directory_removed_and_recreated_between_two_steps(
 
 
 # ---------------------------------------------------------------- the plugin end of the queue
+
 
 def test_restarted_plugin_gets_the_current_state(
     cfg: Config, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner]

@@ -105,8 +105,9 @@ def test_a_restarted_kubelet_gets_a_fresh_socket_and_the_exact_list(running: Run
     running.kubelet.restart()
     running.watcher_reports()
     wait_until(
-        lambda: running.kubelet.current_endpoint(RESOURCE) not in (None, first)
-        and running.held() == {"cola1": "Healthy"},
+        lambda: (
+            running.kubelet.current_endpoint(RESOURCE) not in (None, first) and running.held() == {"cola1": "Healthy"}
+        ),
         DEADLINE,
         "registered again on a new socket",
     )

@@ -43,10 +43,17 @@ def fake(socket_path: Path) -> Iterator[FakePodResources]:
     assert server.violations == [], "the fake PodResources server saw contract violations"
 
 
-def make_watcher(root: Path, socket_path: Path, *, interval: float = 3600.0, per_device: bool = True,
-                 resources: set[str] | None = None) -> tuple[InUseWatcher, Metrics]:
-    cfg = make_config(root, pod_resources_socket=str(socket_path), pod_resources_interval=interval,
-                      metrics_per_device=per_device)
+def make_watcher(
+    root: Path,
+    socket_path: Path,
+    *,
+    interval: float = 3600.0,
+    per_device: bool = True,
+    resources: set[str] | None = None,
+) -> tuple[InUseWatcher, Metrics]:
+    cfg = make_config(
+        root, pod_resources_socket=str(socket_path), pod_resources_interval=interval, metrics_per_device=per_device
+    )
     metrics = Metrics(per_device=per_device)
     served = {COLA} if resources is None else resources
     return InUseWatcher(cfg, metrics, lambda: set(served)), metrics
@@ -57,17 +64,25 @@ def state(root: Path) -> dict[str, Any]:
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "colad.podresources" and (level is None or r.levelno == level)]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "colad.podresources" and (level is None or r.levelno == level)
+    ]
 
 
 def holder_info(metrics: Metrics, device: str, namespace: str, pod: str, container: str) -> float | None:
-    return metrics.registry.get_sample_value("colad_device_holder_info", {
-        "resource": COLA, "device_id": device, "namespace": namespace, "pod": pod, "container": container})
+    return metrics.registry.get_sample_value(
+        "colad_device_holder_info",
+        {"resource": COLA, "device_id": device, "namespace": namespace, "pod": pod, "container": container},
+    )
 
 
 def test_holders_state_file_and_metrics_follow_assign_and_release(
-    short_tmp: Path, socket_path: Path, fake: FakePodResources, caplog: pytest.LogCaptureFixture,
+    short_tmp: Path,
+    socket_path: Path,
+    fake: FakePodResources,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
     watcher, metrics = make_watcher(short_tmp, socket_path, interval=0.05)
@@ -82,8 +97,9 @@ def test_holders_state_file_and_metrics_follow_assign_and_release(
         wait_until(lambda: state(short_tmp)["holders"], 5, "the holder in the state file")
         body = state(short_tmp)
         assert body["available"] is True and body["reason"] == ""
-        assert body["holders"] == [{"resource": COLA, "device_id": "cocacola", "namespace": "default",
-                                    "pod": "app", "container": "main"}]
+        assert body["holders"] == [
+            {"resource": COLA, "device_id": "cocacola", "namespace": "default", "pod": "app", "container": "main"}
+        ]
         assert metrics.registry.get_sample_value("colad_devices_in_use", {"resource": COLA}) == 1
         assert holder_info(metrics, "cocacola", "default", "app", "main") == 1
         scrape = generate_latest(metrics.registry).decode()
@@ -93,15 +109,19 @@ def test_holders_state_file_and_metrics_follow_assign_and_release(
         # Two replicas of one physical device in two pods: one device in use, two holders.
         fake.assign("prod", "batch", "worker", COLA, ["peisicola::0"])
         fake.assign("prod", "batch2", "worker", COLA, ["peisicola::1"])
-        wait_until(lambda: metrics.registry.get_sample_value("colad_devices_in_use", {"resource": COLA}) == 2,
-                   5, "two devices in use")
+        wait_until(
+            lambda: metrics.registry.get_sample_value("colad_devices_in_use", {"resource": COLA}) == 2,
+            5,
+            "two devices in use",
+        )
         assert holder_info(metrics, "peisicola", "prod", "batch", "worker") == 1
         assert holder_info(metrics, "peisicola", "prod", "batch2", "worker") == 1
 
         fake.release("default", "app")
         fake.release("prod", "batch", "worker")
-        wait_until(lambda: metrics.registry.get_sample_value("colad_devices_in_use", {"resource": COLA}) == 1,
-                   5, "the release")
+        wait_until(
+            lambda: metrics.registry.get_sample_value("colad_devices_in_use", {"resource": COLA}) == 1, 5, "the release"
+        )
         assert holder_info(metrics, "cocacola", "default", "app", "main") is None  # series removed
         assert holder_info(metrics, "peisicola", "prod", "batch", "worker") is None
         assert [h["pod"] for h in state(short_tmp)["holders"]] == ["batch2"]
@@ -112,16 +132,18 @@ def test_holders_state_file_and_metrics_follow_assign_and_release(
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert not path.with_name(path.name + ".tmp").exists()
     lines = messages(caplog, logging.INFO)
-    assert 'msg="device in use" resource=myway5.com/cola device=cocacola namespace=default pod=app ' \
-           "container=main" in lines
+    assert (
+        'msg="device in use" resource=myway5.com/cola device=cocacola namespace=default pod=app container=main' in lines
+    )
     assert any(line.startswith('msg="device released" resource=myway5.com/cola device=cocacola') for line in lines)
     assert sum('msg="device in use"' in line and "device=peisicola" in line for line in lines) == 2
     assert fake.calls["GetAllocatableResources"] == 1  # once per connection, not per poll
     assert fake.calls["List"] > 3
 
 
-def test_device_changes_hands(short_tmp: Path, socket_path: Path, fake: FakePodResources,
-                              caplog: pytest.LogCaptureFixture) -> None:
+def test_device_changes_hands(
+    short_tmp: Path, socket_path: Path, fake: FakePodResources, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     watcher, _ = make_watcher(short_tmp, socket_path)
     fake.assign("default", "a", "main", COLA, ["cocacola"])
@@ -136,8 +158,9 @@ def test_device_changes_hands(short_tmp: Path, socket_path: Path, fake: FakePodR
     )
 
 
-def test_holder_series_off_without_per_device_metrics(short_tmp: Path, socket_path: Path,
-                                                       fake: FakePodResources) -> None:
+def test_holder_series_off_without_per_device_metrics(
+    short_tmp: Path, socket_path: Path, fake: FakePodResources
+) -> None:
     watcher, metrics = make_watcher(short_tmp, socket_path, per_device=False)
     fake.assign("default", "a", "main", COLA, ["cocacola"])
     watcher.poll()
@@ -147,8 +170,9 @@ def test_holder_series_off_without_per_device_metrics(short_tmp: Path, socket_pa
     assert state(short_tmp)["holders"][0]["pod"] == "a"  # the state file keeps the detail
 
 
-def test_absent_socket_degrades_then_recovers(short_tmp: Path, socket_path: Path,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_absent_socket_degrades_then_recovers(
+    short_tmp: Path, socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     watcher, metrics = make_watcher(short_tmp, socket_path)
     for _ in range(3):
@@ -177,13 +201,19 @@ def test_absent_socket_degrades_then_recovers(short_tmp: Path, socket_path: Path
     watcher.stop()
     assert len(messages(caplog, logging.WARNING)) == 2
     assert state(short_tmp)["available"] is False
-    assert metrics.registry.get_sample_value("colad_device_holder_info", {
-        "resource": COLA, "device_id": "cocacola", "namespace": "default", "pod": "a", "container": "main"}) is None
+    assert (
+        metrics.registry.get_sample_value(
+            "colad_device_holder_info",
+            {"resource": COLA, "device_id": "cocacola", "namespace": "default", "pod": "a", "container": "main"},
+        )
+        is None
+    )
     assert fake.violations == []
 
 
-def test_no_get_allocatable_resources_degrades_once(short_tmp: Path, socket_path: Path,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_no_get_allocatable_resources_degrades_once(
+    short_tmp: Path, socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     fake = FakePodResources(socket_path, allocatable=False)
     fake.assign("default", "a", "main", COLA, ["cocacola"])
@@ -203,8 +233,9 @@ def test_no_get_allocatable_resources_degrades_once(short_tmp: Path, socket_path
     assert fake.violations == []
 
 
-def test_allocatable_is_logged_per_served_resource(short_tmp: Path, socket_path: Path, fake: FakePodResources,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_allocatable_is_logged_per_served_resource(
+    short_tmp: Path, socket_path: Path, fake: FakePodResources, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     fake.set_allocatable(COLA, ["cocacola", "peisicola"])
     fake.set_allocatable("nvidia.com/gpu", ["GPU-1"])

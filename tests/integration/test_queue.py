@@ -76,6 +76,7 @@ def log_count(caplog: pytest.LogCaptureFixture, text: str) -> int:
 
 # ---------------------------------------------------------------- delivery
 
+
 @pytest.mark.parametrize(
     "message",
     [
@@ -125,6 +126,7 @@ def test_both_message_types_arrive_in_order_on_one_connection(short_tmp: Path, s
 
 # ---------------------------------------------------------------- who may talk
 
+
 def test_socket_file_is_a_0600_socket_owned_by_the_server_uid(short_tmp: Path, serve: Serve) -> None:
     path = short_tmp / "q.sock"
     serve(path)
@@ -169,9 +171,7 @@ def run_as_child(body: Callable[[], int]) -> int:
 
 
 @pytest.mark.parametrize("loosen", [False, True], ids=["socket-as-created-0600", "socket-loosened-to-0666"])
-def test_peer_of_another_uid_is_not_delivered_and_others_still_are(
-    short_tmp: Path, serve: Serve, loosen: bool
-) -> None:
+def test_peer_of_another_uid_is_not_delivered_and_others_still_are(short_tmp: Path, serve: Serve, loosen: bool) -> None:
     path = short_tmp / "q.sock"
     _, inbox = serve(path)
     if loosen:  # let the kernel admit nobody, so only SO_PEERCRED stands in the way
@@ -289,12 +289,19 @@ GOOD = snapshot(1, 1, "cola-1")
         ),
         pytest.param(
             framed(b'{"v":2,"type":"kubelet_state","epoch":1,"seq":1,"kubelet_socket":"","plugin_sockets":[]}'),
-            False, [], ["bad_message"], id="future-version",
+            False,
+            [],
+            ["bad_message"],
+            id="future-version",
         ),
         pytest.param(
-            framed(b'{"v":1,"type":"device_snapshot","epoch":1,"seq":1,"dir_present":true,'
-                   b'"devices":[["a b","Healthy"]]}'),
-            False, [], ["bad_message"], id="invalid-device-id",
+            framed(
+                b'{"v":1,"type":"device_snapshot","epoch":1,"seq":1,"dir_present":true,"devices":[["a b","Healthy"]]}'
+            ),
+            False,
+            [],
+            ["bad_message"],
+            id="invalid-device-id",
         ),
         pytest.param(HEADER.pack(MAX_MESSAGE_BYTES + 1), False, [], ["bad_message"], id="header-over-the-limit"),
         pytest.param(HEADER.pack(0xFFFFFFFF) + b"x" * 100, False, [], ["bad_message"], id="header-4GiB"),
@@ -419,6 +426,7 @@ def test_sequence_rules(
 
 # ---------------------------------------------------------------- claiming the socket path
 
+
 def _nothing(path: Path, keep: list[socket.socket]) -> None:
     pass
 
@@ -501,9 +509,8 @@ def test_live_listener_still_answers_after_a_refused_claim(short_tmp: Path, serv
 
 # ---------------------------------------------------------------- client resilience
 
-def test_client_survives_absent_and_restarted_server_and_sends_only_the_latest(
-    short_tmp: Path, serve: Serve
-) -> None:
+
+def test_client_survives_absent_and_restarted_server_and_sends_only_the_latest(short_tmp: Path, serve: Serve) -> None:
     path = short_tmp / "q.sock"
     client = QueueClient(str(path))
     try:

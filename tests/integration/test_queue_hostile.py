@@ -161,7 +161,8 @@ def test_a_directory_at_queue_sock_is_refused_not_removed(short_tmp: Path) -> No
 def test_input_counters_from_peers_are_exported_and_promtool_clean(short_tmp: Path) -> None:
     metrics = Metrics()
     server = QueueServer(
-        str(short_tmp / "q.sock"), lambda m, p: metrics.peers.update(m.role, p.pid, m.counters)  # type: ignore[union-attr]
+        str(short_tmp / "q.sock"),
+        lambda m, p: metrics.peers.update(m.role, p.pid, m.counters),  # type: ignore[union-attr]
     )
     server.start()
     try:

@@ -126,7 +126,7 @@ def sh(script: str) -> prestart.Step:
         ("echo; echo '  firmware\tmissing  '; exit 3", False, "firmware missing"),
         ("exit 7", False, "exit status 7"),
         ("kill -TERM $$", False, "killed by SIGTERM"),
-        ("test -z \"$HOME$SECRET\" && test \"$PATH\" != ''", True, ""),  # a fixed environment, nothing inherited
+        ('test -z "$HOME$SECRET" && test "$PATH" != \'\'', True, ""),  # a fixed environment, nothing inherited
     ],
 )
 def test_run_verdicts(script: str, ok: bool, reason: str) -> None:

@@ -144,8 +144,12 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     "prepare": (["/file/r"], "/env/r --x", ["/flag/r"], (("/file/r",), ("/env/r", "--x"), ("/flag/r",))),
     "prepare_timeout": (1, "2", 3.5, (1.0, 2.0, 3.5)),
     "nfd_features_file": ("/file/f", "/env/f", "/flag/f", ("/file/f", "/env/f", "/flag/f")),
-    "nfd_label_prefix": ("file.example", "env.example", "flag.example",
-        ("file.example", "env.example", "flag.example")),
+    "nfd_label_prefix": (
+        "file.example",
+        "env.example",
+        "flag.example",
+        ("file.example", "env.example", "flag.example"),
+    ),
     "nfd_expiry": (60, "120", 180.5, (60.0, 120.0, 180.5)),
 }
 

@@ -723,10 +723,16 @@ REGRESSIONS: list[tuple[str, bytes, dict[str, str]]] = [
     ("env-name-with-newline", b"", {"COLAD_A\nB": "1"}),
     ("metrics-label-64", b'metrics_address = "' + b"a" * 64 + b':1"\n', {}),
     ("nul-in-device-dir", b'device_dir = "/a\\u0000"\n', {}),
-    ("alias-trailing-slash", b'[[resources]]\nname="a.b/c"\ndevice_dir="/d/a"\n'
-     b'[[resources]]\nname="a.b/d"\ndevice_dir="/d/a/"\n', {}),
-    ("nesting", b'[[resources]]\nname="a.b/c"\ndevice_dir="/n/a"\n'
-     b'[[resources]]\nname="a.b/d"\ndevice_dir="/n/a/b"\n', {}),
+    (
+        "alias-trailing-slash",
+        b'[[resources]]\nname="a.b/c"\ndevice_dir="/d/a"\n[[resources]]\nname="a.b/d"\ndevice_dir="/d/a/"\n',
+        {},
+    ),
+    (
+        "nesting",
+        b'[[resources]]\nname="a.b/c"\ndevice_dir="/n/a"\n[[resources]]\nname="a.b/d"\ndevice_dir="/n/a/b"\n',
+        {},
+    ),
     ("percent-run-dir", b'run_dir = "/run/%(here)s"\n', {}),
     ("datetime-for-float", b"rescan_interval = 1979-05-27\n", {}),
     ("inline-table-for-string", b"device_dir = {a = 1}\n", {}),

@@ -137,6 +137,7 @@ def test_the_verdict_is_a_function_of_the_states_over_random_classes() -> None:
         ]  # fmt: skip
         assert (out.health == UNHEALTHY) is bool(required_bad)
         assert ("d" in result.by_id) is bool(required_bad)
+
         def usable(path: str, node: bool, states: dict[str, PathState] = states) -> bool:
             state = states.get(path, MISSING)
             return state.exists and (state.device or not node)

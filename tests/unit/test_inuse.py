@@ -22,45 +22,64 @@ C = Holder("prod", "c", "side")
     [
         pytest.param([], {COLA}, {}, id="nothing-assigned"),
         pytest.param(
-            [("default", "a", "main", COLA, ["cocacola"])], {COLA},
-            {(COLA, "cocacola"): {A}}, id="one-device",
+            [("default", "a", "main", COLA, ["cocacola"])],
+            {COLA},
+            {(COLA, "cocacola"): {A}},
+            id="one-device",
         ),
         pytest.param(
-            [("default", "a", "main", COLA, ["cocacola", "peisicola"])], {COLA},
-            {(COLA, "cocacola"): {A}, (COLA, "peisicola"): {A}}, id="two-devices-one-container",
+            [("default", "a", "main", COLA, ["cocacola", "peisicola"])],
+            {COLA},
+            {(COLA, "cocacola"): {A}, (COLA, "peisicola"): {A}},
+            id="two-devices-one-container",
         ),
         pytest.param(
-            [("default", "a", "main", GPU, ["GPU-1"]), ("default", "b", "main", COLA, ["cocacola"])], {COLA},
-            {(COLA, "cocacola"): {B}}, id="foreign-resource-ignored",
+            [("default", "a", "main", GPU, ["GPU-1"]), ("default", "b", "main", COLA, ["cocacola"])],
+            {COLA},
+            {(COLA, "cocacola"): {B}},
+            id="foreign-resource-ignored",
         ),
         pytest.param(
-            [("default", "a", "main", COLA, ["cocacola"])], set(),
-            {}, id="no-resource-served",
+            [("default", "a", "main", COLA, ["cocacola"])],
+            set(),
+            {},
+            id="no-resource-served",
         ),
         pytest.param(
             [("default", "a", "main", COLA, ["cocacola::0"]), ("default", "b", "main", COLA, ["cocacola::1"])],
-            {COLA}, {(COLA, "cocacola"): {A, B}}, id="replicas-share-one-physical-device",
+            {COLA},
+            {(COLA, "cocacola"): {A, B}},
+            id="replicas-share-one-physical-device",
         ),
         pytest.param(
-            [("default", "a", "main", COLA, ["cocacola::0", "cocacola::1"])], {COLA},
-            {(COLA, "cocacola"): {A}}, id="two-replicas-one-holder",
+            [("default", "a", "main", COLA, ["cocacola::0", "cocacola::1"])],
+            {COLA},
+            {(COLA, "cocacola"): {A}},
+            id="two-replicas-one-holder",
         ),
         pytest.param(
-            [("default", "a", "main", COLA, ["a::b::3"])], {COLA},
-            {(COLA, "a"): {A}}, id="split-on-first-separator",
+            [("default", "a", "main", COLA, ["a::b::3"])],
+            {COLA},
+            {(COLA, "a"): {A}},
+            id="split-on-first-separator",
         ),
         pytest.param(
-            [("default", "a", "main", COLA, []), ("prod", "c", "side", "other.io/x", ["cocacola"])], {COLA},
-            {}, id="empty-device-list-and-same-id-in-another-resource",
+            [("default", "a", "main", COLA, []), ("prod", "c", "side", "other.io/x", ["cocacola"])],
+            {COLA},
+            {},
+            id="empty-device-list-and-same-id-in-another-resource",
         ),
         pytest.param(
             [("default", "a", "main", COLA, ["cocacola"]), ("default", "a", "main", "x.io/y", ["cocacola"])],
-            {COLA, "x.io/y"}, {(COLA, "cocacola"): {A}, ("x.io/y", "cocacola"): {A}}, id="two-served-resources",
+            {COLA, "x.io/y"},
+            {(COLA, "cocacola"): {A}, ("x.io/y", "cocacola"): {A}},
+            id="two-served-resources",
         ),
     ],
 )
-def test_holders(assignments: list[inuse.Assignment], resources: set[str],
-                 expected: dict[inuse.Key, set[Holder]]) -> None:
+def test_holders(
+    assignments: list[inuse.Assignment], resources: set[str], expected: dict[inuse.Key, set[Holder]]
+) -> None:
     assert inuse.holders(assignments, resources) == {k: frozenset(v) for k, v in expected.items()}
 
 
@@ -87,22 +106,26 @@ K2 = (COLA, "peisicola")
         pytest.param({K: {A}}, {}, [Change("released", COLA, "cocacola", A)], id="released"),
         pytest.param({K: {A}}, {K: {B}}, [Change("changed_hands", COLA, "cocacola", B, A)], id="changed-hands"),
         pytest.param(
-            {K: {A}}, {K: {A, B}}, [Change("in_use", COLA, "cocacola", B)], id="second-holder-of-shared-device",
+            {K: {A}},
+            {K: {A, B}},
+            [Change("in_use", COLA, "cocacola", B)],
+            id="second-holder-of-shared-device",
         ),
         pytest.param(
-            {K: {A, B}}, {K: {C}},
+            {K: {A, B}},
+            {K: {C}},
             [Change("changed_hands", COLA, "cocacola", C, A), Change("released", COLA, "cocacola", B)],
             id="two-leave-one-comes",
         ),
         pytest.param(
-            {K: {A}, K2: {B}}, {K2: {A}},
+            {K: {A}, K2: {B}},
+            {K2: {A}},
             [Change("released", COLA, "cocacola", A), Change("changed_hands", COLA, "peisicola", A, B)],
             id="sorted-by-device",
         ),
     ],
 )
-def test_diff(old: dict[inuse.Key, set[Holder]], new: dict[inuse.Key, set[Holder]],
-              expected: list[Change]) -> None:
+def test_diff(old: dict[inuse.Key, set[Holder]], new: dict[inuse.Key, set[Holder]], expected: list[Change]) -> None:
     freeze = lambda view: {k: frozenset(v) for k, v in view.items()}  # noqa: E731
     assert inuse.diff(freeze(old), freeze(new)) == expected
 
@@ -117,18 +140,30 @@ def test_rows_and_state_are_sorted_and_round_trip() -> None:
     state = inuse.state(view, available=True, reason="", updated=12.5)
     assert state["updated"] == 12.5 and state["available"] is True and state["reason"] == ""
     assert [(r["device_id"], r["pod"]) for r in state["holders"]] == [
-        ("cocacola", "a"), ("cocacola", "b"), ("peisicola", "a"),
+        ("cocacola", "a"),
+        ("cocacola", "b"),
+        ("peisicola", "a"),
     ]
     assert state["holders"][0] == {
-        "resource": COLA, "device_id": "cocacola", "namespace": "default", "pod": "a", "container": "main",
+        "resource": COLA,
+        "device_id": "cocacola",
+        "namespace": "default",
+        "pod": "a",
+        "container": "main",
     }
     assert inuse.parse_rows(state["holders"]) == state["holders"]
 
 
 @pytest.mark.parametrize(
     "raw",
-    [None, "x", 3, [1, "a", None], [{"resource": COLA}], [{"resource": COLA, "device_id": 1, "namespace": "n",
-                                                             "pod": "p", "container": "c"}]],
+    [
+        None,
+        "x",
+        3,
+        [1, "a", None],
+        [{"resource": COLA}],
+        [{"resource": COLA, "device_id": 1, "namespace": "n", "pod": "p", "container": "c"}],
+    ],
     ids=["none", "string", "number", "junk-items", "missing-keys", "wrong-type"],
 )
 def test_parse_rows_drops_malformed(raw: object) -> None:

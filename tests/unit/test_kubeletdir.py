@@ -15,14 +15,17 @@ from colad import kubeletdir
 from colad.kubeletdir import Dial
 
 
-@pytest.mark.parametrize(("name", "ours"), [
-    pytest.param("colad-1700000000000.sock", True, id="stamped"),
-    pytest.param("colad-.sock", True, id="empty-stamp"),
-    pytest.param("kubelet.sock", False, id="kubelet"),
-    pytest.param("colad-1.sock.tmp", False, id="suffix"),
-    pytest.param("xcolad-1.sock", False, id="prefix"),
-    pytest.param("kubelet_internal_checkpoint", False, id="checkpoint"),
-])
+@pytest.mark.parametrize(
+    ("name", "ours"),
+    [
+        pytest.param("colad-1700000000000.sock", True, id="stamped"),
+        pytest.param("colad-.sock", True, id="empty-stamp"),
+        pytest.param("kubelet.sock", False, id="kubelet"),
+        pytest.param("colad-1.sock.tmp", False, id="suffix"),
+        pytest.param("xcolad-1.sock", False, id="prefix"),
+        pytest.param("kubelet_internal_checkpoint", False, id="checkpoint"),
+    ],
+)
 def test_plugin_socket_names(name: str, ours: bool) -> None:
     assert kubeletdir.is_plugin_socket_name(name) is ours
 

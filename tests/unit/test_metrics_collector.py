@@ -15,9 +15,22 @@ COLA = "example.com/cola"
 
 
 def test_state_gauges_follow_the_snapshot() -> None:
-    state = [PluginState(pid=1, resources=(ResourceState(
-        name=COLA, registered=True, devices=5, healthy=4, open_streams=2, last_registered=100.0,
-        cut=ListCut(size=300, wanted=5, dropped=1)),))]
+    state = [
+        PluginState(
+            pid=1,
+            resources=(
+                ResourceState(
+                    name=COLA,
+                    registered=True,
+                    devices=5,
+                    healthy=4,
+                    open_streams=2,
+                    last_registered=100.0,
+                    cut=ListCut(size=300, wanted=5, dropped=1),
+                ),
+            ),
+        )
+    ]
     metrics = Metrics(snapshot=lambda: state[0])
     metrics.add_resource(COLA)  # the shell's old calls are harmless no-ops on the detached gauges
     metrics.registered.labels(COLA).set(0)

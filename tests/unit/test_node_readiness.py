@@ -93,8 +93,9 @@ CEL: dict[str, Callable[[dict[str, Any]], bool]] = {
         re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", t["key"].split("/")[1])
     ),
     "!has(self.value) || self.value.size() <= 63": lambda t: "value" not in t or len(t["value"]) <= 63,
-    "self.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute']": lambda t: t["effect"]
-    in ("NoSchedule", "PreferNoSchedule", "NoExecute"),
+    "self.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute']": lambda t: (
+        t["effect"] in ("NoSchedule", "PreferNoSchedule", "NoExecute")
+    ),
 }
 
 

@@ -31,16 +31,27 @@ def test_regenerating_the_stubs_changes_nothing(tmp_path: Path) -> None:
         pytest.fail("the pinned generator is missing: run `make setup`")
     version = subprocess.run(
         [str(GENERATOR), "-c", "import importlib.metadata as m; print(m.version('grpcio-tools'))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert version == "1.62.3"
     (tmp_path / "colad" / "api").mkdir(parents=True)
     for proto in PROTOS:  # one protoc run per file, as `make stubs` does
         shutil.copy(ROOT / f"colad/api/{proto}.proto", tmp_path / f"colad/api/{proto}.proto")
         subprocess.run(
-            [str(GENERATOR), "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--pyi_out=.",
-             "--grpc_python_out=.", f"colad/api/{proto}.proto"],
-            cwd=tmp_path, check=True,
+            [
+                str(GENERATOR),
+                "-m",
+                "grpc_tools.protoc",
+                "-I.",
+                "--python_out=.",
+                "--pyi_out=.",
+                "--grpc_python_out=.",
+                f"colad/api/{proto}.proto",
+            ],
+            cwd=tmp_path,
+            check=True,
         )
     for name in STUBS:
         assert filecmp.cmp(tmp_path / "colad/api" / name, ROOT / "colad/api" / name, shallow=False), name
@@ -59,7 +70,9 @@ EXPECTED_FIELDS = {
     "PreStartContainerResponse": {},
     "PreferredAllocationRequest": {"container_requests": 1},
     "ContainerPreferredAllocationRequest": {
-        "available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3,
+        "available_deviceIDs": 1,
+        "must_include_deviceIDs": 2,
+        "allocation_size": 3,
     },
     "PreferredAllocationResponse": {"container_responses": 1},
     "ContainerPreferredAllocationResponse": {"deviceIDs": 1},
@@ -95,9 +108,7 @@ def test_services_match_upstream() -> None:
     services = {}
     for name, service in pb.DESCRIPTOR.services_by_name.items():
         assert service.full_name == f"v1beta1.{name}"
-        services[name] = {
-            m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods
-        }
+        services[name] = {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods}
     assert services == EXPECTED_METHODS
 
 
@@ -136,7 +147,5 @@ def test_pod_resources_service_matches_upstream() -> None:
     services = {}
     for name, service in prpb.DESCRIPTOR.services_by_name.items():
         assert service.full_name == f"v1.{name}"
-        services[name] = {
-            m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods
-        }
+        services[name] = {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in service.methods}
     assert services == EXPECTED_POD_RESOURCES_METHODS

@@ -47,14 +47,19 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     (tmp_path / "man" / "man8").mkdir(parents=True)
     shutil.copy(ROOT / "man" / "colad.8", tmp_path / "man" / "man8" / "colad.8")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MANPATH": str(tmp_path / "man"), "LANG": "C.UTF-8"}
-    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env,
-                            timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env, timeout=60
+    )
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
 
 
 def test_security_exposure_is_the_one_the_readme_quotes() -> None:
-    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNIT)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     match = re.search(r"Overall exposure level for colad\.service: (\d+\.\d+ \w+)", result.stdout)
     assert match, result.stdout
