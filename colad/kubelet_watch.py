@@ -2,8 +2,8 @@
 
 Watches the kubelet's device-plugins directory (inotify): a restarting kubelet deletes every
 plugin socket, then creates kubelet.sock anew; its checkpoint rewrites are ignored. On every
-change and reconnect it sends a KubeletState (kubelet.sock's identity, colad's sockets) over the
-queue. The plugin re-checks the directory itself before acting: this role says "look".
+change and reconnect it sends a bare KubeletState; the plugin re-checks the directory itself
+before acting: this role says "look". (kubelet.sock's identity, colad's sockets) only skips repeats.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pyinotify
 from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
-from colad.errors import MessageError
 from colad.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
 from colad.queue import QueueClient
 
@@ -65,23 +64,7 @@ class KubeletWatch(watch.WatcherLoop):
             )
         else:
             LOG.info("plugin sockets changed", reason=reason, sockets=",".join(state[1]) or "-")
-        self.client.publish(self.state_message(seq, state))
-
-    def state_message(self, seq: int, state: tuple[str, tuple[str, ...]]) -> messages.KubeletState:
-        """The state as a message that fits the queue's frame limit, measured on its encoding.
-
-        The plugin re-checks the directory itself; the names are a hint. A directory
-        holding more socket names than a frame can carry sends none, rather than
-        an exception that would end the role (a queued message that never encodes).
-        """
-        message = messages.KubeletState(self.epoch, seq, state[0], state[1])
-        try:
-            messages.encode(message)
-        except MessageError as exc:
-            self.stats.count("input.oversized_state")
-            LOG.warning("too many plugin sockets to report; sending none", sockets=len(state[1]), error=exc)
-            message = messages.KubeletState(self.epoch, seq, state[0], ())
-        return message
+        self.client.publish(messages.KubeletState(self.epoch, seq))
 
     def step(self, timeout: float | None) -> None:
         events = self.wait(timeout)

@@ -80,16 +80,14 @@ def snapshot_key(resource: str) -> str:
 
 @dataclass(frozen=True)
 class KubeletState:
-    """Kubelet watcher -> plugin: what the kubelet directory looks like now.
+    """Kubelet watcher -> plugin: the kubelet directory changed; look at it again.
 
-    `kubelet_socket` identifies the current kubelet.sock ("dev:ino:ctime_ns"),
-    or is empty when there is none; `plugin_sockets` are colad's sockets there.
+    No payload beyond the envelope: the plugin stats the directory itself before acting.
+    An older watcher's kubelet_socket and plugin_sockets fields decode and are ignored.
     """
 
     epoch: int
     seq: int
-    kubelet_socket: str
-    plugin_sockets: tuple[str, ...] = ()
     type: str = field(default="kubelet_state", init=False)
 
     @property
@@ -288,10 +286,7 @@ def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
         body["upsert"] = [device_to_wire(d) for d in message.upserts]
         body["remove"] = list(message.removes)
         body["digest"] = f"{message.digest:016x}"
-    elif isinstance(message, KubeletState):
-        body["kubelet_socket"] = message.kubelet_socket
-        body["plugin_sockets"] = list(message.plugin_sockets)
-    else:
+    elif isinstance(message, Stats):
         body["role"] = message.role
         body["counters"] = dict(message.counters)
     return body
@@ -382,10 +377,8 @@ def decode(data: bytes) -> Message:
         present = _need(body, "dir_present", bool)
         return DeviceDelta(epoch, seq, base, upserts, tuple(sorted(removes)), int(digest, 16), present, resource)
     if kind == "kubelet_state":
-        sockets = _need(body, "plugin_sockets", list)
-        if not all(isinstance(s, str) for s in sockets):
-            raise MessageError("plugin_sockets is not a list of strings")
-        return KubeletState(epoch, seq, _need(body, "kubelet_socket", str), tuple(sockets))
+        # Fields beyond the envelope (an older watcher's socket names) are not read.
+        return KubeletState(epoch, seq)
     if kind == "stats":
         role = _need(body, "role", str)
         if role not in ROLES:

@@ -28,14 +28,21 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 class CountingWatch(KubeletWatch):
-    """KubeletWatch that remembers why it looked, in order (appended after each look finished)."""
+    """KubeletWatch that remembers why it looked, in order, and the state behind each seq it sent.
+
+    A KubeletState carries only its envelope, so `sent` is how a test learns what a message meant.
+    """
 
     def __init__(self, cfg: Config, **kwargs: object) -> None:
         super().__init__(cfg, **kwargs)  # type: ignore[arg-type]
         self.reasons: list[str] = []
+        self.sent: dict[int, tuple[str, tuple[str, ...]] | None] = {}
 
     def look(self, reason: str) -> None:
+        before = self.seq
         super().look(reason)
+        if self.seq != before:
+            self.sent[self.seq] = self.last
         self.reasons.append(reason)
 
 
@@ -65,6 +72,7 @@ def started(
 
 
 def wait_for_state(
+    watcher: CountingWatch,
     inbox: Inbox,
     kubelet_socket: str,
     sockets: tuple[str, ...] = (),
@@ -72,16 +80,19 @@ def wait_for_state(
     *,
     step: Callable[[], None] | None = None,
 ) -> None:
-    """Wait for the plugin side to hold exactly this state; with `step`, drive the role by hand meanwhile."""
+    """Wait until the plugin side's latest KubeletState was sent for exactly this state.
+
+    With `step`, drive the role by hand meanwhile.
+    """
     want = (kubelet_socket, sockets)
 
     def exact() -> bool:
         if step is not None:
             step()
         state = inbox.latest(KubeletState)
-        got = None if state is None else (state.kubelet_socket, state.plugin_sockets)
+        got = None if state is None else watcher.sent.get(state.seq)
         if got != want:
-            raise AssertionError(f"latest KubeletState (kubelet_socket, plugin_sockets) = {got}")
+            raise AssertionError(f"latest KubeletState was sent for (kubelet_socket, plugin_sockets) = {got}")
         return True
 
     wait_until(exact, timeout, f"the state {want}")
@@ -103,22 +114,22 @@ def test_kubelet_socket_appears_and_each_restart_changes_its_identity(
     kubelet_dir.mkdir()
     sock = kubelet_dir / "kubelet.sock"
     watcher, _, inbox = started(cfg, serve, runners)
-    wait_for_state(inbox, "")
+    wait_for_state(watcher, inbox, "")
 
     bind_socket(sock)
     first = identity(sock)
-    wait_for_state(inbox, first)
+    wait_for_state(watcher, inbox, first)
 
     os.unlink(sock)  # a kubelet restart seen in two steps: gone, then back
-    wait_for_state(inbox, "")
+    wait_for_state(watcher, inbox, "")
     bind_socket(sock)
     second = identity(sock)
-    wait_for_state(inbox, second)
+    wait_for_state(watcher, inbox, second)
 
     os.unlink(sock)  # and in one breath, as fast as a restarting kubelet can be
     bind_socket(sock)
     third = identity(sock)
-    wait_for_state(inbox, third)
+    wait_for_state(watcher, inbox, third)
 
     assert len({first, second, third}) == 3
     states = inbox.of(KubeletState)
@@ -208,16 +219,17 @@ def test_plugin_sockets(
     kubelet_dir.mkdir()
     bind_socket(kubelet_dir / "kubelet.sock")
     bind_socket(kubelet_dir / "colad-0.sock")
-    _, _, inbox = started(cfg, serve, runners)
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"), ("colad-0.sock",))
+    watcher, _, inbox = started(cfg, serve, runners)
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"), ("colad-0.sock",))
 
     change(kubelet_dir)
     bind_socket(kubelet_dir / "colad-zz.sock")  # events are ordered: once this shows, the change has been seen
     final = tuple(sorted((*expected, "colad-zz.sock")))
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"), final)
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"), final)
     assert plugin_sockets(str(kubelet_dir)) == final
     for state in inbox.of(KubeletState):
-        assert all(n.startswith("colad-") and n.endswith(".sock") for n in state.plugin_sockets), state
+        sent = watcher.sent[state.seq]
+        assert sent is not None and all(n.startswith("colad-") and n.endswith(".sock") for n in sent[1]), sent
 
 
 # ---------------------------------------------------------------- checkpoint churn
@@ -230,7 +242,7 @@ def test_checkpoint_churn_publishes_nothing(
     kubelet_dir.mkdir()
     bind_socket(kubelet_dir / "kubelet.sock")
     watcher, _, inbox = started(cfg, serve, runners, run=False)
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"))
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"))
     drain(watcher)
     before = len(inbox.of(KubeletState))
 
@@ -252,7 +264,8 @@ def test_checkpoint_churn_publishes_nothing(
     def stepped_until_seen() -> bool:
         watcher.step(0.05)
         state = inbox.latest(KubeletState)
-        return state is not None and state.plugin_sockets == ("colad-1.sock",)
+        sent = None if state is None else watcher.sent.get(state.seq)
+        return sent is not None and sent[1] == ("colad-1.sock",)
 
     wait_until(stepped_until_seen, 5, "the colad-1.sock change after the churn")
     assert len(inbox.of(KubeletState)) == before + 1
@@ -268,7 +281,7 @@ def test_kubelet_directory_missing_created_removed_recreated(
     sock = kubelet_dir / "kubelet.sock"
     root = kubelet_dir.parent
     watcher, _, inbox = started(cfg, serve, runners)
-    wait_for_state(inbox, "")
+    wait_for_state(watcher, inbox, "")
 
     def steps() -> Iterator[tuple[str, Callable[[], str], tuple[str, ...]]]:
         kubelet_dir.mkdir()
@@ -306,7 +319,7 @@ def test_kubelet_directory_missing_created_removed_recreated(
 
     for stage, expected_identity, sockets in steps():
         try:
-            wait_for_state(inbox, expected_identity(), sockets)
+            wait_for_state(watcher, inbox, expected_identity(), sockets)
         except AssertionError as exc:
             raise AssertionError(f"after stage {stage!r}: {exc}") from None
     assert watcher.reasons[0] == "start"
@@ -320,13 +333,13 @@ def test_kubelet_directory_removed_and_recreated_between_two_steps(
     kubelet_dir.mkdir()
     bind_socket(kubelet_dir / "kubelet.sock")
     watcher, _, inbox = started(cfg, serve, runners, run=False)
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"))
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"))
 
     shutil.rmtree(kubelet_dir)
     kubelet_dir.mkdir()
     drain(watcher)
     bind_socket(kubelet_dir / "kubelet.sock")  # is the new directory itself watched?
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"), step=lambda: watcher.step(0.05))
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"), step=lambda: watcher.step(0.05))
 
 
 # ---------------------------------------------------------------- the plugin end of the queue
@@ -350,4 +363,4 @@ def test_restarted_plugin_gets_the_current_state(
     wait_until(lambda: watcher.last and watcher.last[1] == ("colad-3.sock",), 5, "the change while away")
 
     _, inbox = serve(cfg.queue_socket)
-    wait_for_state(inbox, identity(kubelet_dir / "kubelet.sock"), ("colad-3.sock",), timeout=3)
+    wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"), ("colad-3.sock",), timeout=3)

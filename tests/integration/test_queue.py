@@ -84,8 +84,7 @@ def log_count(caplog: pytest.LogCaptureFixture, text: str) -> int:
             DeviceSnapshot(1, 1, DeviceSet.of([Device("cola-1"), Device("cola-2", UNHEALTHY)])), id="snapshot"
         ),
         pytest.param(snapshot(1, 1, present=False), id="snapshot-dir-absent"),
-        pytest.param(KubeletState(1, 1, "2049:1234:1700000000000000000", ("colad-1.sock",)), id="kubelet-state"),
-        pytest.param(KubeletState(1, 1, ""), id="kubelet-state-no-socket"),
+        pytest.param(KubeletState(1, 1), id="kubelet-state"),
         pytest.param(Stats(1, 1, "discovery", (("queue.sent", 2), ("rescans.inotify", 3))), id="stats"),
         pytest.param(many_devices(), id="10000-devices-63-char-ids"),
     ],
@@ -113,7 +112,7 @@ def test_the_big_snapshot_is_bigger_than_one_socket_buffer() -> None:
 def test_both_message_types_arrive_in_order_on_one_connection(short_tmp: Path, serve: Serve) -> None:
     path = short_tmp / "q.sock"
     _, inbox = serve(path)
-    first, second = snapshot(5, 1, "cola-1"), KubeletState(6, 1, "1:2:3", ("colad-9.sock",))
+    first, second = snapshot(5, 1, "cola-1"), KubeletState(6, 1)
     client = QueueClient(str(path))
     try:
         client.publish(first)
@@ -351,7 +350,7 @@ S = snapshot
 
 
 def K(epoch: int, seq: int) -> KubeletState:  # noqa: N802 - reads like S(...) in the tables
-    return KubeletState(epoch, seq, f"1:{epoch}:{seq}")
+    return KubeletState(epoch, seq)
 
 
 @pytest.mark.parametrize(
@@ -515,7 +514,7 @@ def test_client_survives_absent_and_restarted_server_and_sends_only_the_latest(s
     client = QueueClient(str(path))
     try:
         first, second, third = (snapshot(7, seq, f"cola-{seq}") for seq in (1, 2, 3))
-        state = KubeletState(8, 1, "1:2:3")
+        state = KubeletState(8, 1)
         client.publish(first)  # no server: must not raise
         assert client.sock is None
         assert not client.sent
