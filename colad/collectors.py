@@ -3,7 +3,8 @@
 `PeerCollector`: the discovery and watcher counters that arrive as Stats
 messages, the plugin's own queue and input counters, and every colad process'
 figures (prometheus_client's ProcessCollector, labelled by role).
-`StateCollector`: the current-state gauges from the plugin's published snapshot.
+`StateCollector`: the current-state gauges from the plugin's published snapshot;
+`InUseCollector`: the in-use view podresources.py publishes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from colad import constants
+from colad.inuse import InUse
 from colad.statefile import PluginState
 
 RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
@@ -204,3 +206,34 @@ class StateCollector:
             size.add_metric([r.name], r.cut.size)
             dropped.add_metric([r.name], r.cut.dropped)
         yield from (devices, streams, registered, last, size, dropped)
+
+
+class InUseCollector:
+    """The in-use gauges, read at scrape time from the InUse snapshot podresources.py publishes.
+
+    A resource or holder that is gone is simply not in the next snapshot: no series to remove.
+    `per_device` false leaves the holder family without samples (its labels are open-ended).
+    """
+
+    def __init__(self, snapshot: Callable[[], InUse], per_device: bool = True) -> None:
+        self.snapshot = snapshot
+        self.per_device = per_device
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.snapshot()
+        up = GaugeMetricFamily("colad_pod_resources_up", "1 while the kubelet's PodResources List answers, else 0.")
+        up.add_metric([], 1 if view.up else 0)
+        counts = GaugeMetricFamily(
+            "colad_devices_in_use", "Physical devices held by at least one container, by resource.", labels=["resource"]
+        )
+        for resource, count in view.counts:
+            counts.add_metric([resource], count)
+        holders = GaugeMetricFamily(
+            "colad_device_holder_info",
+            "1 for each container that holds a device (off with metrics_per_device = false).",
+            labels=["resource", "device_id", "namespace", "pod", "container"],
+        )
+        if self.per_device:
+            for row in view.holders:
+                holders.add_metric(list(row), 1)
+        yield from (up, counts, holders)

@@ -33,6 +33,23 @@ class Holder:
 
 
 Holders = Mapping[Key, frozenset[Holder]]
+# (resource_name, device_id, namespace, pod, container): one holder of one device, as /metrics labels it.
+HolderRow = tuple[str, str, str, str, str]
+
+
+@dataclass(frozen=True)
+class InUse:
+    """The in-use view as published for /metrics: replaced whole, never changed in place.
+
+    While the view is down `counts` and `holders` are empty: unknown is absent, not zero.
+    """
+
+    up: bool
+    counts: tuple[tuple[str, int], ...] = ()  # (resource_name, devices held), per served resource
+    holders: tuple[HolderRow, ...] = ()
+
+
+DOWN = InUse(False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,13 @@ def rows(view: Holders) -> list[dict[str, str]]:
         for (resource_name, device_id), held in sorted(view.items())
         for h in sorted(held)
     ]
+
+
+def published(view: Holders, resources: Iterable[str]) -> InUse:
+    """The view of the served `resources` as an up InUse snapshot."""
+    counts = tuple(sorted(in_use_counts(view, resources).items()))
+    holders = tuple((r["resource"], r["device_id"], r["namespace"], r["pod"], r["container"]) for r in rows(view))
+    return InUse(True, counts, holders)
 
 
 def state(view: Holders, *, available: bool, reason: str, updated: float) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
     Info,
     PlatformCollector,
@@ -23,9 +22,10 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 from prometheus_client.metrics import MetricWrapperBase
 
-from colad import __version__, constants, log
-from colad.collectors import QUEUE_EVENTS, PeerCollector, Peers, StateCollector
+from colad import __version__, log
+from colad.collectors import QUEUE_EVENTS, InUseCollector, PeerCollector, Peers, StateCollector
 from colad.httpserver import parse_address
+from colad.inuse import DOWN, InUse
 from colad.statefile import PluginState
 
 LOG = log.get(__name__)
@@ -71,11 +71,12 @@ class Metrics:
         snapshot: Callable[[], PluginState] | None = None,
     ) -> None:
         r = self.registry = registry if registry is not None else Registry()
-        # With a published snapshot the current-state gauges come from StateCollector; the Gauge
-        # attributes below are then detached (registry None), so a caller still setting them is a no-op.
-        g = None if snapshot is not None else r
-        if snapshot is not None:
-            r.register(StateCollector(snapshot))
+        # Current state comes from published snapshots, read at scrape time (collectors.py): the
+        # plugin's (devices, streams, registration, list size) and the in-use view's.
+        empty = PluginState(pid=0)
+        r.register(StateCollector(snapshot or (lambda: empty)))
+        self.in_use: Callable[[], InUse] = lambda: DOWN  # podresources.InUseWatcher points it at its own
+        r.register(InUseCollector(lambda: self.in_use(), per_device))
         self.per_device = per_device
         self.allocate_requests = Counter(
             "colad_allocate_requests", "Allocate calls by resource and result.", ["resource", "result"], registry=r
@@ -112,9 +113,6 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.devices = Gauge(
-            "colad_devices", "Devices advertised now, by resource and health.", ["resource", "health"], registry=g
-        )
         self.device_set_changes = Counter(
             "colad_device_set_changes", "Changes of the advertised device set.", ["resource"], registry=r
         )
@@ -133,45 +131,15 @@ class Metrics:
             ["resource", "reason"],
             registry=r,
         )
-        self.streams = Gauge(
-            "colad_list_and_watch_streams", "Open ListAndWatch streams, by resource.", ["resource"], registry=g
-        )
-        self.registered = Gauge(
-            "colad_registered",
-            "1 while the resource is registered with the kubelet, else 0.",
-            ["resource"],
-            registry=g,
-        )
-        self.last_registration = Gauge(
-            "colad_last_registration_timestamp_seconds",
-            "Unix time of the last successful Register, by resource.",
-            ["resource"],
-            registry=g,
-        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
         self._device_ids: dict[str, set[str]] = {}
-        self._in_use_resources: set[str] = set()
-        self._holders: set[tuple[str, str, str, str, str]] = set()
         Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
         self.peers = Peers()
         r.register(PeerCollector(self.peers, lambda: dict(self.queue_events), lambda: dict(self.input_rejected)))
-        # The ListAndWatch answer measured against the kubelet's 4 MiB receive limit (device_list.fit_list).
-        self.list_bytes = Gauge(
-            "colad_list_and_watch_message_bytes",
-            "Encoded size of the latest device list for the kubelet, by resource.",
-            ["resource"],
-            registry=g,
-        )
-        self.list_dropped = Gauge(
-            "colad_list_and_watch_dropped_devices",
-            "Device IDs left out of the latest list to fit the kubelet's message limit, by resource.",
-            ["resource"],
-            registry=g,
-        )
         self.list_cut = Counter(
             "colad_list_and_watch_cuts",
             "Device lists cut to fit the kubelet's message limit, by resource.",
@@ -180,27 +148,9 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
-        # The in-use view from the kubelet's PodResources API (podresources.py).
-        self.pod_resources_up = Gauge(
-            "colad_pod_resources_up", "1 while the kubelet's PodResources List answers, else 0.", registry=r
-        )
-        self.devices_in_use = Gauge(
-            "colad_devices_in_use",
-            "Physical devices held by at least one container, by resource.",
-            ["resource"],
-            registry=r,
-        )
-        self.device_holder_info = Gauge(
-            "colad_device_holder_info",
-            "1 for each container that holds a device (off with metrics_per_device = false).",
-            ["resource", "device_id", "namespace", "pod", "container"],
-            registry=r,
-        )
 
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""
-        for health in (constants.HEALTHY, constants.UNHEALTHY):
-            self.devices.labels(resource, health).set(0)
         for result in ALLOCATE_RESULTS:
             self.allocate_requests.labels(resource, result)
         for result in PRE_START_RESULTS:
@@ -211,16 +161,11 @@ class Metrics:
             self.server_restarts.labels(resource, reason)
         self.allocated_devices.labels(resource)
         self.device_set_changes.labels(resource)
-        self.streams.labels(resource).set(0)
-        self.registered.labels(resource).set(0)
-        self.list_bytes.labels(resource).set(0)
-        self.list_dropped.labels(resource).set(0)
         self.list_cut.labels(resource)
 
     def remove_resource(self, resource: str) -> None:
         """Drop every series of a resource a reload removed (the label values colad itself created)."""
         for family, values in (
-            (self.devices, [(resource, h) for h in (constants.HEALTHY, constants.UNHEALTHY)]),
             (self.allocate_requests, [(resource, r) for r in ALLOCATE_RESULTS]),
             (self.pre_start_requests, [(resource, r) for r in PRE_START_RESULTS]),
             (self.registrations, [(resource, r) for r in ("success", "failure")]),
@@ -232,11 +177,6 @@ class Metrics:
         for family in (
             self.allocated_devices,
             self.device_set_changes,
-            self.streams,
-            self.registered,
-            self.last_registration,
-            self.list_bytes,
-            self.list_dropped,
             self.list_cut,
         ):
             _remove(family, resource)
@@ -261,26 +201,6 @@ class Metrics:
             known &= present
         for device_id in sorted(gone):
             _remove(self.device_allocations, resource, device_id)
-
-    def set_in_use(self, up: bool, counts: dict[str, int], holders: Iterable[tuple[str, str, str, str, str]]) -> None:
-        """Publish the in-use view; series of gone resources and holders are removed (labels stay bounded).
-
-        `holders` are (resource, device_id, namespace, pod, container); while the view is down pass
-        empty `counts` and `holders`: unknown is absent, not zero.
-        """
-        self.pod_resources_up.set(1 if up else 0)
-        wanted = set(holders) if self.per_device else set()
-        with self._lock:
-            gone_counts, self._in_use_resources = self._in_use_resources - set(counts), set(counts)
-            gone_holders, self._holders = self._holders - wanted, wanted
-        for resource in gone_counts:
-            _remove(self.devices_in_use, resource)
-        for resource, count in counts.items():
-            self.devices_in_use.labels(resource).set(count)
-        for labels in gone_holders:
-            _remove(self.device_holder_info, *labels)
-        for labels in wanted:
-            self.device_holder_info.labels(*labels).set(1)
 
 
 def _remove(family: MetricWrapperBase, *labels: str) -> None:

@@ -2,7 +2,7 @@
 
 Every `pod_resources_interval` seconds it calls List on `pod_resources_socket` (and, once per
 connection, GetAllocatableResources), hands plain tuples to the pure core (inuse.py), logs
-hand-overs, sets the metrics and writes run_dir/state/inuse.json for `colad status`.
+hand-overs, publishes an InUse snapshot for /metrics and writes run_dir/state/inuse.json for `colad status`.
 An absent or old kubelet degrades to "unavailable" with one log line, never a crash.
 """
 
@@ -45,12 +45,14 @@ class InUseWatcher:
         self.socket_path = cfg.pod_resources_socket
         self.interval = cfg.pod_resources_interval
         self.state_path = os.path.join(cfg.run_dir, inuse.STATE_NAME)
-        self.metrics = metrics
         self.resources = resources
         self.wall = wall
         self.view: dict[inuse.Key, frozenset[inuse.Holder]] = {}  # last known, kept while unavailable
         self.available: bool | None = None  # None: not polled yet
         self.reason = "not polled yet"
+        # Replaced whole on every poll (one assignment), read by /metrics from another thread.
+        self.published: inuse.InUse = inuse.DOWN
+        metrics.in_use = lambda: self.published
         self.told_no_allocatable = False
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.PodResourcesListerStub | None = None
@@ -62,7 +64,7 @@ class InUseWatcher:
             self.reason = "off (pod_resources_socket is empty)"
             LOG.info("in-use view off", reason="pod_resources_socket is empty")
             self.available = False
-            self.metrics.set_in_use(False, {}, ())
+            self.published = inuse.DOWN
             self._write_state()
             return
         self._stop.clear()
@@ -106,7 +108,7 @@ class InUseWatcher:
         for change in inuse.diff(self.view, view):
             _log_change(change)
         self.view = view
-        self.metrics.set_in_use(True, inuse.in_use_counts(view, served), _label_rows(view))
+        self.published = inuse.published(view, served)
         self._write_state()
 
     def _connect(self) -> pb_grpc.PodResourcesListerStub:
@@ -162,7 +164,7 @@ class InUseWatcher:
         else:
             LOG.debug("pod resources still unavailable", socket=self.socket_path, reason=reason)
         self.available, self.reason = False, reason
-        self.metrics.set_in_use(False, {}, ())  # unknown is absent, not zero
+        self.published = inuse.DOWN  # unknown is absent, not zero
         self._write_state()
 
     def _write_state(self) -> None:
@@ -179,10 +181,6 @@ def _assignments(response: pb.ListPodResourcesResponse) -> list[inuse.Assignment
         for container in pod.containers
         for devices in container.devices
     ]
-
-
-def _label_rows(view: inuse.Holders) -> list[tuple[str, str, str, str, str]]:
-    return [(r["resource"], r["device_id"], r["namespace"], r["pod"], r["container"]) for r in inuse.rows(view)]
 
 
 def _log_change(change: inuse.Change) -> None:

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
+from colad.inuse import InUse
 from colad.metrics import Metrics
+from colad.statefile import PluginState, ResourceState
 
 pytestmark = pytest.mark.unit
 DASHBOARD = Path(__file__).resolve().parents[2] / "conf" / "grafana" / "colad.json"
@@ -147,9 +149,14 @@ def exported() -> tuple[set[str], set[str]]:
     """Every sample name and label name a colad Metrics() registry exposes, from the source of truth.
 
     Names come from the metric families (a labelled family with no child yet still has its name and type);
-    label names from the samples and from each metric's declared label names.
+    label names from the samples of a registry with one resource, one allocation and one holder (so the
+    families read from published snapshots have samples too), and from each instrument's declared label names.
     """
-    metrics = Metrics()
+    resource = ResourceState(name="example.com/cola", registered=True, devices=1, healthy=1, last_registered=1.0)
+    metrics = Metrics(snapshot=lambda: PluginState(pid=1, resources=(resource,)))
+    metrics.in_use = lambda: InUse(True, ((resource.name, 1),), ((resource.name, "a", "ns", "pod", "c"),))
+    metrics.add_resource(resource.name)
+    metrics.allocated(resource.name, ["a"])
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "info": ["_info"]}
     names: set[str] = set()
     labels: set[str] = set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from colad.inuse import InUse
 from colad.metrics import Metrics
 from colad.statefile import ListCut, PluginState, ResourceState
 
@@ -32,8 +33,7 @@ def test_state_gauges_follow_the_snapshot() -> None:
         )
     ]
     metrics = Metrics(snapshot=lambda: state[0])
-    metrics.add_resource(COLA)  # the shell's old calls are harmless no-ops on the detached gauges
-    metrics.registered.labels(COLA).set(0)
+    metrics.add_resource(COLA)
     value = metrics.registry.get_sample_value
     assert value("colad_devices", {"resource": COLA, "health": "Healthy"}) == 4
     assert value("colad_devices", {"resource": COLA, "health": "Unhealthy"}) == 1
@@ -65,12 +65,26 @@ def test_removal_drops_only_that_resources_series() -> None:
     assert value("colad_device_allocations_total", {"resource": "example.com/pepsi", "device_id": "b"}) == 1
 
 
-def test_in_use_series_of_gone_holders_are_removed() -> None:
+def test_in_use_gauges_follow_the_published_view() -> None:
     metrics = Metrics()
-    metrics.set_in_use(True, {COLA: 1}, [(COLA, "a", "ns", "pod", "c")])
-    metrics.set_in_use(True, {}, [])
     value = metrics.registry.get_sample_value
+    assert value("colad_pod_resources_up") == 0  # not polled yet: down, nothing else
     assert value("colad_devices_in_use", {"resource": COLA}) is None
+    metrics.in_use = lambda: InUse(True, ((COLA, 1),), ((COLA, "a", "ns", "pod", "c"),))
+    labels = {"resource": COLA, "device_id": "a", "namespace": "ns", "pod": "pod", "container": "c"}
+    assert value("colad_pod_resources_up") == 1
+    assert value("colad_devices_in_use", {"resource": COLA}) == 1
+    assert value("colad_device_holder_info", labels) == 1
+    metrics.in_use = lambda: InUse(True)  # the holder and the resource are gone: so are their series
+    assert value("colad_devices_in_use", {"resource": COLA}) is None
+    assert value("colad_device_holder_info", labels) is None
+
+
+def test_no_holder_series_without_per_device() -> None:
+    metrics = Metrics(per_device=False)
+    metrics.in_use = lambda: InUse(True, ((COLA, 1),), ((COLA, "a", "ns", "pod", "c"),))
+    value = metrics.registry.get_sample_value
+    assert value("colad_devices_in_use", {"resource": COLA}) == 1
     labels = {"resource": COLA, "device_id": "a", "namespace": "ns", "pod": "pod", "container": "c"}
     assert value("colad_device_holder_info", labels) is None
 
