@@ -1,0 +1,232 @@
+"""Per-resource scanning for `colad discovery`: one device directory as a held set of devices.
+
+Reads: the directory's listing and files (devicedir.py, devices.py), each device's health
+(device_health.DeviceHealth). Writes nothing: a full re-list gives a ScanOutcome, a rescan of
+named files a Moved (what came, what went, the size change); discovery.py fits and publishes
+them as DeviceSnapshots and DeviceDeltas (snapshots.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pyinotify
+
+from colad import devices, log, messages, watch
+from colad.config import Resource
+from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.device_health import DeviceHealth
+from colad.devicedir import Cached as _Cached
+from colad.devicedir import is_regular_file, list_regular_files, read_device
+from colad.devices import Device
+
+# The role's logger: its lines (and the tests matching them) stay those of discovery.
+LOG = log.get("colad.discovery")
+
+DEVICE_EVENTS = (
+    pyinotify.IN_CREATE
+    | pyinotify.IN_DELETE
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_CLOSE_WRITE
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_DELETE_SELF
+    | pyinotify.IN_MOVE_SELF
+)
+
+
+# A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
+SLOW_READ_S = 0.25
+
+
+@dataclass(frozen=True)
+class ScanOutcome:
+    """What a full re-list of the directory found: its devices (health applied), its problems, and
+    whether it could be listed, when its racy entries settle, which reads were slow."""
+
+    devices: devices.DeviceSet
+    present: bool
+    problems: dict[str, str]  # skipped or malformed name -> its problem
+    unusable: str | None = None  # why the directory could not be listed ("ELOOP: Too many levels...")
+    settles_in: float | None = None  # seconds until the racy entries can be trusted
+    slow: tuple[tuple[str, float], ...] = ()  # (name, seconds) of slow reads
+
+
+@dataclass
+class Moved:
+    """What a rescan of some names found changed: `came` (sorted by ID) added or changed, `gone` what they
+    replaced or what left, `removed` the IDs that left (sorted); `size` the change in their wire sizes."""
+
+    problems: dict[str, str]  # every problem now: the names rescanned updated
+    names: list[str]  # the names rescanned, sorted
+    came: list[Device] = field(default_factory=list)
+    gone: list[Device] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    size: int = 0
+    slow: list[tuple[str, float]] = field(default_factory=list)
+
+
+class ResourceWatch:
+    """One resource's device directory: its watch, its files' parsed devices, its last snapshot."""
+
+    def __init__(self, inotify: watch.Inotify, resource: Resource, health: DeviceHealth | None = None) -> None:
+        self.resource = resource
+        self.health = health or DeviceHealth(resource, False, None)
+        self.shown: dict[str, Device] = {}  # what is advertised per ID of the last scan (health applied)
+        self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
+        self.current: devices.DeviceSet | None = None
+        self.seq = 0  # the seq `current` was published with: the base of the next delta
+        self.digest: int | None = None  # messages.set_digest(current), from the first delta on
+        self.present: bool | None = None
+        self.warned: dict[str, str] = {}  # name -> the problem last logged for it
+        self.cache: dict[str, _Cached] = {}
+        self.sizes: dict[str, int] = {}  # wire size of each device of the last scan, as advertised
+        self.unusable: str | None = None  # why the directory could not be listed last time
+        self.cut: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the last fit's (demoted, dropped)
+        self.ids: tuple[str, ...] = ()  # current's IDs, for bisect
+        self.size = 0  # the exact encoded size of the last fitted snapshot (its seq the widest)
+        self.unhealthy = 0  # current.count(UNHEALTHY)
+        self.racy: dict[str, int] = {}  # name -> settles_ns of the cache entries not trusted yet
+        self.follow_up: float | None = None  # monotonic time of a rescan that racy entries or a retry need
+        # Longest file name that still leaves room for the replica suffix "::<n>".
+        suffix = len(f"{devices.REPLICA_SEPARATOR}{resource.replicas - 1}") if resource.replicas > 1 else 0
+        self.max_id = MAX_DEVICE_ID_LENGTH - suffix
+
+    def scan(self, dirty: set[str] | None, *, clock: Callable[[], float] = time.monotonic) -> ScanOutcome:
+        """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again.
+
+        Racy entries are always read again. A directory that cannot be listed
+        keeps the last devices, each Unhealthy with the reason (and its cache).
+        """
+        try:
+            names, present = list_regular_files(self.resource.device_dir)
+        except OSError as exc:
+            code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            problem = f"device directory unusable: {code} {exc.strerror}"
+            kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
+            self.sizes, self.shown = {}, {}
+            return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=f"{code}: {exc.strerror}")
+        result = devices.build(names)
+        problems = {s.name: s.reason for s in result.skipped}
+        found: list[Device] = []
+        cache: dict[str, _Cached] = {}
+        sizes: dict[str, int] = {}
+        shown: dict[str, Device] = {}
+        slow: list[tuple[str, float]] = []
+        settles: list[int] = []
+        for device_id in result.devices.ids:
+            if len(device_id) > self.max_id:
+                problems[device_id] = f"longer than {self.max_id} characters (room for the replica suffix)"
+                continue
+            known = self.cache.get(device_id)
+            if known is None or not known.trusted or dirty is None or device_id in dirty:
+                started = clock()
+                known = read_device(device_id, os.path.join(self.resource.device_dir, device_id), known)
+                took = clock() - started
+                if took > SLOW_READ_S:
+                    slow.append((device_id, took))
+            if known is None:
+                continue
+            cache[device_id] = known
+            device = shown[device_id] = self.health.advertise(known.device)
+            sizes[device_id] = known.size if device is known.device else messages.device_wire_size(device)
+            found.append(device)
+            if known.settles_ns is not None:
+                settles.append(known.settles_ns)
+            if known.device.problem:
+                problems[device_id] = known.device.problem
+        self.cache, self.sizes, self.shown = cache, sizes, shown
+        self.health.forget_all_but(set(cache))
+        self.racy = {i: c.settles_ns for i, c in cache.items() if c.settles_ns is not None}
+        found_set = devices.DeviceSet.of(found)
+        return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow))
+
+    def settles_in(self) -> float | None:
+        """Seconds until every racy entry can be trusted; None when none is racy."""
+        return max(0.0, (max(self.racy.values()) - time.time_ns()) / 1e9) if self.racy else None
+
+    @property
+    def whole(self) -> bool:
+        """Is `current` all of the directory as listed (listed, usable, nothing cut)? Then a rescan may
+        read only the names the events gave."""
+        return self.current is not None and self.present is True and self.unusable is None and self.cut == ((), ())
+
+    def rescan_names(self, names: Iterable[str], *, clock: Callable[[], float] = time.monotonic) -> Moved:
+        """Read again only `names` (what inotify named, or the racy entries): what changed against `current`.
+
+        The level-triggered rule per name: whatever the events said, the file is
+        looked at now; a name that is not a regular file is no device.
+        """
+        moved = Moved(problems=dict(self.warned), names=sorted(set(names)))
+        for name in moved.names:
+            moved.problems.pop(name, None)
+            known, path = self.cache.get(name), os.path.join(self.resource.device_dir, name)
+            problem = devices.id_problem(name)
+            if problem is None and len(name) > self.max_id:
+                problem = f"longer than {self.max_id} characters (room for the replica suffix)"
+            found = None
+            if problem is not None:
+                if is_regular_file(path):
+                    moved.problems[name] = problem
+            else:
+                started = clock()
+                found = read_device(name, path, known)
+                if clock() - started > SLOW_READ_S:
+                    moved.slow.append((name, clock() - started))
+            self.racy.pop(name, None)
+            before, before_size = self.shown.get(name), self.sizes.get(name, 0)
+            if found is None:
+                if known is not None:
+                    del self.cache[name]
+                    self.health.forget(name)
+                if before is not None:
+                    del self.sizes[name], self.shown[name]
+                    moved.removed.append(name)
+                    moved.gone.append(before)
+                    moved.size -= before_size
+                continue
+            device = self.health.advertise(found.device)
+            size = found.size if device is found.device else messages.device_wire_size(device)
+            self.cache[name], self.sizes[name], self.shown[name] = found, size, device
+            if found.settles_ns is not None:
+                self.racy[name] = found.settles_ns
+            if found.device.problem:
+                moved.problems[name] = found.device.problem
+            if before is None or before != device:
+                moved.came.append(device)
+                moved.size += size
+                if before is not None:
+                    moved.gone.append(before)
+                    moved.size -= before_size
+        return moved
+
+    def report(self, problems: dict[str, str], names: Iterable[str] | None = None) -> int:
+        """Log what changed in this scan's problems (once per problem, again if it comes back later).
+
+        Only `names` (None: all) can have changed. Returns how many names were newly skipped as not valid IDs.
+        """
+        skipped = 0
+        for name in sorted(problems) if names is None else [n for n in names if n in problems]:
+            problem = problems[name]
+            if self.warned.get(name) != problem:
+                if name in self.cache:
+                    LOG.warning(
+                        "device file malformed: device is Unhealthy",
+                        resource=self.resource.name,
+                        device=name,
+                        reason=problem,
+                    )
+                else:
+                    skipped += 1
+                    LOG.warning(
+                        "file skipped: not a valid device ID", resource=self.resource.name, name=name, reason=problem
+                    )
+        for name in sorted(self.warned.keys() - problems.keys()):
+            if name in self.cache:
+                LOG.info("device file valid again", resource=self.resource.name, device=name)
+        self.warned = problems  # a problem that goes and comes back is logged again
+        return skipped
