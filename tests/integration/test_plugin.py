@@ -61,7 +61,7 @@ class Running:
 
     def watcher_reports(self) -> None:
         """What kubelet-watch sends when kubelet.sock changes; the plugin checks it by stat() itself."""
-        self.plugin._on_message(KubeletState(1, 1, "changed"), Peer(os.getpid(), 0, 0))
+        self.plugin._on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
 
     def held(self) -> dict[str, str] | None:
         return self.kubelet.devices(RESOURCE)
