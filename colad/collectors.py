@@ -110,29 +110,28 @@ class PeerCollector:
 
     def collect(self) -> Iterator[Metric]:
         pids, counters = self.peers.snapshot()
-        rescans = CounterMetricFamily(
-            "colad_discovery_rescans", "Device directory rescans by discovery, by reason.", labels=["reason"]
-        )
         discovery = counters.get("discovery", {})
-        for reason in RESCAN_REASONS:
-            rescans.add_metric([reason], discovery.get(f"rescans.{reason}", 0))
-        yield rescans
-        health = CounterMetricFamily(
+        yield _stats_family(
+            "colad_discovery_rescans",
+            "Device directory rescans by discovery, by reason.",
+            "reason",
+            discovery,
+            {r: f"rescans.{r}" for r in RESCAN_REASONS},
+        )
+        yield _stats_family(
             "colad_device_health_changes",
             "Devices discovery turned Unhealthy (a missing host path, a failing probe) or Healthy again, by reason.",
-            labels=["reason"],
+            "reason",
+            discovery,
+            {r: f"health.{r}" for r in HEALTH_REASONS},
         )
-        for reason in HEALTH_REASONS:
-            health.add_metric([reason], discovery.get(f"health.{reason}", 0))
-        yield health
-        writes = CounterMetricFamily(
+        yield _stats_family(
             "colad_file_write_failures",
             "CDI spec and NFD feature file writes by discovery that failed (retried at the next change or rescan).",
-            labels=["file"],
+            "file",
+            discovery,
+            {f: f"write.{f}_failed" for f in WRITE_FILES},
         )
-        for name in WRITE_FILES:
-            writes.add_metric([name], discovery.get(f"write.{name}_failed", 0))
-        yield writes
         queue = CounterMetricFamily(
             "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
         )
@@ -237,3 +236,11 @@ class InUseCollector:
             for row in view.holders:
                 holders.add_metric(list(row), 1)
         yield from (up, counts, holders)
+
+
+def _stats_family(name: str, text: str, label: str, counters: dict[str, int], keys: dict[str, str]) -> Metric:
+    """One counter family from a role's Stats counters: a series per label value, 0 until counted."""
+    family = CounterMetricFamily(name, text, labels=[label])
+    for value, key in keys.items():
+        family.add_metric([value], counters.get(key, 0))
+    return family

@@ -33,16 +33,7 @@ if TYPE_CHECKING:
 LOG = log.get("colad.discovery")
 
 # What can change a host path's verdict, watched on each path's nearest existing parent.
-HOST_PATH_EVENTS = (
-    pyinotify.IN_CREATE
-    | pyinotify.IN_DELETE
-    | pyinotify.IN_MOVED_FROM
-    | pyinotify.IN_MOVED_TO
-    | pyinotify.IN_ATTRIB
-    | pyinotify.IN_DELETE_SELF
-    | pyinotify.IN_MOVE_SELF
-    | pyinotify.IN_ONLYDIR
-)
+HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
 HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
 

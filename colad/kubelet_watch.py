@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 
-import pyinotify
-
 from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
@@ -20,15 +18,7 @@ from colad.queue import QueueClient
 
 LOG = log.get(__name__)
 
-KUBELET_DIR_EVENTS = (
-    pyinotify.IN_CREATE
-    | pyinotify.IN_DELETE
-    | pyinotify.IN_MOVED_FROM
-    | pyinotify.IN_MOVED_TO
-    | pyinotify.IN_ATTRIB
-    | pyinotify.IN_DELETE_SELF
-    | pyinotify.IN_MOVE_SELF
-)
+KUBELET_DIR_EVENTS = watch.DIR_CHANGE_EVENTS
 
 
 class KubeletWatch(watch.WatcherLoop):

@@ -33,6 +33,8 @@ LOG = log.get(__name__)
 # Events that mean "the watched directory itself is gone or no longer the same".
 SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_UNMOUNT
 NAME_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FROM | pyinotify.IN_MOVED_TO
+# A directory whose entries, their attributes, or the directory itself changed.
+DIR_CHANGE_EVENTS = NAME_EVENTS | pyinotify.IN_ATTRIB | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF
 
 
 @dataclass(frozen=True)
