@@ -86,6 +86,7 @@ class Context:
     servers: Servers
     taken: Callable[[], set[str]]  # socket paths the other endpoints serve on
     cdi_mode: Callable[[], str] = lambda: "both"  # the config's `cdi`, read per Allocate (a reload may change it)
+    cdi_spec_dir: Callable[[], str] = lambda: ""  # the config's `cdi_spec_dir`, read per Allocate as well
 
 
 class Endpoint:
@@ -193,7 +194,8 @@ class Endpoint:
         self.pre_start_required = self.resource.pre_start_required
         servicer = DevicePluginServicer(
             self.broadcast, generation, events, self.ctx.metrics, name, policy,
-            cdi_mode=self.ctx.cdi_mode, prepare=prepare, pre_start_required=self.pre_start_required,
+            cdi_mode=self.ctx.cdi_mode, cdi_spec_dir=self.ctx.cdi_spec_dir, prepare=prepare,
+            pre_start_required=self.pre_start_required,
         )  # fmt: skip
         server = self.ctx.servers.build(servicer, path)
         server.start()

@@ -145,11 +145,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         policy: Callable[[], str] = lambda: allocation.DEFAULT_REPLICA_POLICY,
         *,
         cdi_mode: Callable[[], str] = lambda: "off",
+        cdi_spec_dir: Callable[[], str] = lambda: "",
         prepare: Callable[[], tuple[tuple[str, ...], float]] = lambda: ((), 0.0),  # command, timeout
         pre_start_required: bool = False,  # fixed per server: the kubelet took it at Register
     ) -> None:
         self.broadcast = broadcast
-        self.cdi_mode = cdi_mode
+        self.cdi_mode, self.cdi_spec_dir = cdi_mode, cdi_spec_dir
         self.prepare = prepare
         self.options = plugin_options(pre_start_required)
         self.metrics = metrics
