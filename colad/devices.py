@@ -49,6 +49,20 @@ REPLICA_SEPARATOR = "::"
 PERMISSIONS = ("r", "w", "m", "rw", "rm", "wm", "rwm")
 
 
+# A reason is one line for a log, the state file and `colad status` (a probe's first line of output,
+# a missing path): 512 bytes keeps it readable and bounds what the queue and the state file carry.
+MAX_REASON_BYTES = 512
+
+
+def clip_reason(text: str) -> str:
+    """`text` as a reason: its first line, at most MAX_REASON_BYTES of UTF-8 (cut at a character)."""
+    line = text.split("\n", 1)[0].replace("\x00", "")
+    data = line.encode("utf-8", "replace")
+    if len(data) <= MAX_REASON_BYTES:
+        return data.decode("utf-8")
+    return data[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
 def id_problem(name: str) -> str | None:
     """Why `name` cannot be a device ID, or None when it can."""
     if not name:
@@ -89,7 +103,8 @@ class Device:
 
     `problem` says why a device file is malformed (the device is then Unhealthy
     and every other field is empty); it is "" for a well-formed file, also for
-    one that declares `health = "Unhealthy"`.
+    one that declares `health = "Unhealthy"`. `reason` says why discovery made a
+    well-formed device Unhealthy (a missing host path, a failing probe); "" otherwise.
     """
 
     device_id: str
@@ -101,6 +116,7 @@ class Device:
     annotations: tuple[tuple[str, str], ...] = ()  # sorted by key
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names vendor.com/class=name
     problem: str = ""
+    reason: str = ""  # only on an Unhealthy, well-formed device; bounded by MAX_REASON_BYTES
     # The device file's own probe / prepare command: None = the resource's, () = none for this
     # device. Discovery's business (probes) and, once messages.py carries it, the plugin's
     # (prepare); never part of the queue's wire entry, so they are left out of `bare`.
@@ -163,6 +179,16 @@ def device_problem(device: Device) -> str | None:
             return "problem: a malformed device must be Unhealthy and carry nothing else"
         problem = text_problem(device.problem)
         return None if problem is None else f"problem {problem}"
+    if device.reason:
+        if device.healthy:
+            return "reason: only an Unhealthy device carries one"
+        problem = text_problem(device.reason)
+        if problem is None and len(device.reason.encode("utf-8")) > MAX_REASON_BYTES:
+            problem = f"is longer than {MAX_REASON_BYTES} bytes"
+        if problem is None and "\n" in device.reason:
+            problem = "is more than one line"
+        if problem is not None:
+            return f"reason {problem}"
     for key, count, limit in (
         ("numa_nodes", len(device.numa_nodes), MAX_DEVICE_LIST_ENTRIES),
         ("device_nodes", len(device.device_nodes), MAX_DEVICE_LIST_ENTRIES),

@@ -136,7 +136,7 @@ def _show(value: object, limit: int = 60) -> str:
 
 
 _WIRE_KEYS = frozenset(
-    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem")
+    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem", "reason")
 )
 
 
@@ -166,6 +166,8 @@ def device_to_wire(device: Device) -> list[str] | dict[str, Any]:
         wire["cdi_devices"] = list(device.cdi_devices)
     if device.problem:
         wire["problem"] = device.problem
+    if device.reason:
+        wire["reason"] = device.reason
     return wire
 
 
@@ -214,10 +216,14 @@ def device_from_wire(obj: object) -> Device:
     if unknown:
         raise ValueError(f"unknown device keys {_show(sorted(map(str, unknown)))}")
     device_id, health, problem = obj.get("id"), obj.get("health", HEALTHY), obj.get("problem", "")
+    reason = obj.get("reason", "")
     if not isinstance(device_id, str) or devices.id_problem(device_id) is not None:
         raise ValueError(f"invalid device ID {_show(device_id)}")
-    if not isinstance(health, str) or not isinstance(problem, str):
-        raise ValueError(f"device {device_id!r}: health or problem is not a string")
+    if not isinstance(health, str) or not isinstance(problem, str) or not isinstance(reason, str):
+        raise ValueError(f"device {device_id!r}: health, problem or reason is not a string")
+    if len(reason) > devices.MAX_REASON_BYTES:
+        # Before any encoding: a peer cannot make us measure a huge string twice.
+        raise ValueError(f"device {device_id!r}: reason is longer than {devices.MAX_REASON_BYTES} bytes")
     numa = _wire_list(obj, "numa_nodes")
     if not all(type(n) is int for n in numa):
         raise ValueError(f"device {device_id!r}: numa_nodes is not a list of integers")
@@ -235,6 +241,7 @@ def device_from_wire(obj: object) -> Device:
         annotations=_wire_pairs(obj, "annotations"),
         cdi_devices=tuple(cdi),
         problem=problem,
+        reason=reason,
     )
     problem = devices.device_problem(device)
     if problem is not None:

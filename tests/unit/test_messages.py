@@ -553,3 +553,66 @@ def test_digest_follows_every_change_incrementally() -> None:
         assert digest == set_digest(held.values())
     assert set_digest([Device("a")]) != set_digest([Device("a", UNHEALTHY)])
     assert set_digest([Device("a"), Device("b")]) == set_digest([Device("b"), Device("a")])
+
+
+# --- why a well-formed device is Unhealthy (#15) ---------------------------------------------
+
+
+def test_reason_round_trips_and_is_not_bare() -> None:
+    from colad.devices import MAX_REASON_BYTES
+
+    sick = Device("cola1", UNHEALTHY, reason="host path /dev/cola1 is missing")
+    longest = Device("cola2", UNHEALTHY, reason="x" * MAX_REASON_BYTES)
+    assert not sick.bare and Device("cola1", UNHEALTHY).bare
+    message = DeviceSnapshot(1, 2, DeviceSet.of([sick, longest, Device("cola3", UNHEALTHY)]))
+    assert decode(encode(message)) == message
+    assert json.loads(device_entry(sick)) == {"id": "cola1", "health": UNHEALTHY, "reason": sick.reason}
+    assert device_entry(Device("cola3", UNHEALTHY)) == b'["cola3","Unhealthy"]'  # "" is not encoded
+    delta = DeviceDelta(1, 3, 2, (sick,), (), set_digest([sick]))
+    assert decode(encode(delta)) == delta
+
+
+def test_a_reason_change_is_a_change() -> None:
+    a, b = Device("cola1", UNHEALTHY, reason="probe: exit 1"), Device("cola1", UNHEALTHY, reason="probe: exit 2")
+    assert device_entry(a) != device_entry(b)
+    assert set_digest([a]) != set_digest([b]) != set_digest([Device("cola1", UNHEALTHY)])
+    from colad.devices import diff
+
+    assert diff(DeviceSet.of([a]), DeviceSet.of([b])).changed == ("cola1",)
+
+
+def _reason_entry(reason: object, health: str = UNHEALTHY) -> bytes:
+    return _snapshot(devices=[{"id": "cola1", "health": health, "reason": reason}])
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        pytest.param(_reason_entry("x" * 513), "longer than 512", id="reason-too-long"),
+        pytest.param(_reason_entry("\u00e9" * 257), "longer than 512", id="reason-too-many-bytes"),
+        pytest.param(_reason_entry("x" * 10**6), "longer than 512", id="reason-huge"),
+        pytest.param(_reason_entry(7), "not a string", id="reason-not-a-string"),
+        pytest.param(_reason_entry("gone", HEALTHY), "only an Unhealthy", id="reason-on-healthy"),
+        pytest.param(_reason_entry("a\nb"), "one line", id="reason-two-lines"),
+        pytest.param(_reason_entry("a\x00b"), "NUL", id="reason-nul"),
+        pytest.param(
+            _snapshot(devices=[{"id": "c", "health": UNHEALTHY, "problem": "p", "reason": "r"}]),
+            "carry nothing else",
+            id="reason-on-malformed",
+        ),
+        pytest.param(_snapshot(devices=[{"id": "c", "reasons": "r"}]), "unknown device keys", id="unknown-key"),
+    ],
+)
+def test_decode_bounds_the_reason(data: bytes, fragment: str) -> None:
+    with pytest.raises(MessageError, match=fragment):
+        decode(data)
+
+
+def test_clip_reason_makes_a_valid_reason() -> None:
+    from colad.devices import MAX_REASON_BYTES, clip_reason, device_problem
+
+    for text in ("", "fine", "first\nsecond", "\u00e9" * 600, "a\x00b", "bad \udcff byte", "x" * 5000):
+        reason = clip_reason(text)
+        assert len(reason.encode("utf-8")) <= MAX_REASON_BYTES
+        assert device_problem(Device("d", UNHEALTHY, reason=reason)) is None
+    assert clip_reason("first\nsecond") == "first"
