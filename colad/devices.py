@@ -9,8 +9,9 @@ clock: the shells do that.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from colad.constants import (
     HEALTHY,
@@ -38,6 +39,7 @@ from colad.device_rules import (
 # with spaces, commas, '=' or control characters, and non-UTF-8 names.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 HEALTH_VALUES = (HEALTHY, UNHEALTHY)
+_T = TypeVar("_T")
 
 # Replica IDs are "<id>::<n>". ':' is never allowed in a file name ID, so a
 # replica ID cannot clash with a device file, and it is a pure function of the
@@ -276,6 +278,14 @@ class DeviceSet:
 
     def get(self, device_id: str) -> Device | None:
         return self.by_id.get(device_id)
+
+    def memo(self, key: str, build: Callable[[DeviceSet], _T]) -> _T:
+        """build(self), computed once per set (as by_id): a view of a set held and published often."""
+        name = f"_memo_{key}"
+        if name not in self.__dict__:
+            object.__setattr__(self, name, build(self))
+        value: _T = self.__dict__[name]
+        return value
 
     @property
     def ids(self) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 
 from colad import log
+from colad.constants import UNHEALTHY
+from colad.devices import DeviceSet, base_id
 from colad.errors import ColadError
 
 LOG = log.get(__name__)
@@ -33,6 +35,55 @@ class ListCut:
     size: int = 0  # encoded bytes of the list sent
     wanted: int = 0  # device IDs the list should have held
     dropped: int = 0  # device IDs left out so that it fits
+
+
+# The state file lists at most this many Unhealthy devices per resource (the first by ID), each
+# reason cut to MAX_LISTED_REASON characters, and counts the rest: ~20 KiB at most per resource,
+# whether 10 or 226,600 devices are Unhealthy.
+MAX_LISTED_UNHEALTHY = 50
+MAX_LISTED_REASON = 256
+
+
+@dataclass(frozen=True)
+class SickDevice:
+    """One Unhealthy physical device as the state file lists it, and why.
+
+    `reason` is the device file's `problem` when `malformed`, else discovery's reason
+    (a missing host path, a failing probe); "" when nothing says why (its file declares it).
+    """
+
+    device_id: str
+    reason: str = ""
+    malformed: bool = False
+
+
+@dataclass(frozen=True)
+class SickList:
+    """A resource's Unhealthy devices: the first MAX_LISTED_UNHEALTHY physical IDs, and how many more."""
+
+    listed: tuple[SickDevice, ...] = ()
+    more: int = 0
+
+    @staticmethod
+    def of(advertised: DeviceSet) -> SickList:
+        """The list for an advertised set (replicas "<id>::<n>" are one physical device); once per set."""
+        return advertised.memo("sick_list", _sick_list)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_LISTED_REASON else text[: MAX_LISTED_REASON - 3] + "..."
+
+
+def _sick_list(advertised: DeviceSet) -> SickList:
+    first: dict[str, SickDevice] = {}
+    for d in advertised:
+        if d.health == UNHEALTHY and base_id(d.device_id) not in first:
+            first[base_id(d.device_id)] = SickDevice(
+                base_id(d.device_id), _clip(d.problem or d.reason), malformed=bool(d.problem)
+            )
+    names = sorted(first)
+    listed = tuple(first[n] for n in names[:MAX_LISTED_UNHEALTHY])
+    return SickList(listed, len(names) - len(listed))
 
 
 @dataclass(frozen=True)
@@ -57,6 +108,7 @@ class ResourceState:
     list_sent: bool = False  # a live stream of the current server sent the kubelet the list held now
     kubelet: str = ""  # identity of the kubelet.sock the last Register went to
     pre_start_required: bool = False  # the option the current server registered with
+    sick: SickList = field(default_factory=SickList)  # SickList.of(the advertised set)
 
     @property
     def unhealthy(self) -> int:
@@ -119,7 +171,13 @@ def _resource_json(r: ResourceState) -> dict[str, object]:
         "list_sent": r.list_sent,
         "kubelet": r.kubelet,
         "pre_start_required": r.pre_start_required,
+        "unhealthy_devices": [_sick_json(d) for d in r.sick.listed],
+        "unhealthy_more": r.sick.more,
     }
+
+
+def _sick_json(d: SickDevice) -> dict[str, object]:
+    return {"id": d.device_id, "reason": d.reason, **({"malformed": True} if d.malformed else {})}
 
 
 def _reload_json(result: ReloadResult | None) -> dict[str, object]:
@@ -197,6 +255,14 @@ def _names(raw: dict[str, object], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _sick_from(raw: dict[str, object]) -> SickList:
+    entries = raw.get("unhealthy_devices", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise StateFileError("unhealthy_devices: not a list of objects")
+    listed = tuple(SickDevice(_str(e, "id"), _str(e, "reason"), _bool(e, "malformed")) for e in entries)
+    return SickList(listed, _int(raw, "unhealthy_more", 0))
+
+
 def _resource_from(raw: object) -> ResourceState:
     if not isinstance(raw, dict):
         raise StateFileError("resources: an entry is not an object")
@@ -225,6 +291,7 @@ def _resource_from(raw: object) -> ResourceState:
         list_sent=_bool(raw, "list_sent"),
         kubelet=_str(raw, "kubelet"),
         pre_start_required=_bool(raw, "pre_start_required"),
+        sick=_sick_from(raw),
     )
 
 

@@ -226,6 +226,7 @@ def render(report: dict[str, Any]) -> str:
         replicas = f", {r.replicas} replicas each" if r.replicas > 1 else ""
         lines.append(f"devices:    {r.devices} ({r.healthy} healthy{replicas})")
         lines.append(f"streams:    {r.streams}")
+        lines += _render_sick(r.sick)
     lines += _render_in_use(report.get("in_use"))
     if report.get("starting"):
         lines.append("")
@@ -235,6 +236,19 @@ def render(report: dict[str, Any]) -> str:
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)
+
+
+def _render_sick(sick: statefile.SickList) -> list[str]:
+    """A line per Unhealthy device the state file lists (at most 50), and a count of the rest."""
+    lines = []
+    for d in sick.listed:
+        why = f"malformed device file: {d.reason}" if d.malformed else d.reason or "no reason given"
+        # A probe's output may hold terminal escapes: shown escaped, never interpreted.
+        why = "".join(c if c.isprintable() else repr(c)[1:-1] for c in why)
+        lines.append(f"unhealthy:  {d.device_id}: {why}")
+    if sick.more:
+        lines.append(f"unhealthy:  ... and {sick.more} more (the state file lists the first by ID)")
+    return lines
 
 
 def _render_in_use(view: dict[str, Any] | None) -> list[str]:

@@ -151,3 +151,94 @@ def test_write_never_raises(tmp_path: Path) -> None:
     blocker.write_text("")
     assert statefile.write(str(blocker / "state" / "plugin.json"), PluginState(pid=1)) is False
     assert statefile.write_json(str(tmp_path / "x.json"), {"not": object()}) is False
+
+
+# --- the Unhealthy devices and why (#15) -----------------------------------------------------
+
+
+def test_unhealthy_devices_and_their_reasons_round_trip(tmp_path: Path) -> None:
+    from colad.constants import UNHEALTHY
+    from colad.devices import Device, DeviceSet, replicate
+
+    physical = DeviceSet.of(
+        [
+            Device("cola1"),
+            Device("cola2", UNHEALTHY, reason="device_nodes[0].host_path /dev/cola2 does not exist"),
+            Device("cola3", UNHEALTHY, problem="line 2: bad key"),
+            Device("cola4", UNHEALTHY),
+        ]
+    )
+    sick = statefile.SickList.of(replicate(physical, 3))  # replicas are one physical device
+    assert sick == statefile.SickList(
+        (
+            statefile.SickDevice("cola2", "device_nodes[0].host_path /dev/cola2 does not exist"),
+            statefile.SickDevice("cola3", "line 2: bad key", malformed=True),
+            statefile.SickDevice("cola4", ""),
+        )
+    )
+    state = PluginState(pid=3, resources=(ResourceState(name="example.com/cola", sick=sick), PEPSI))
+    path = str(tmp_path / "plugin.json")
+    assert statefile.write(path, state)
+    assert statefile.read(path) == state
+    body = json.loads(Path(path).read_text())
+    assert body["resources"][0]["unhealthy_devices"][1] == {
+        "id": "cola3",
+        "reason": "line 2: bad key",
+        "malformed": True,
+    }
+    assert body["resources"][1]["unhealthy_devices"] == [] and body["resources"][1]["unhealthy_more"] == 0
+
+
+def test_the_unhealthy_list_is_bounded_at_the_largest_list(tmp_path: Path) -> None:
+    from colad.constants import UNHEALTHY
+    from colad.devices import MAX_REASON_BYTES, Device, DeviceSet
+
+    # 226,600 devices (the most whose list fits the kubelet's 4 MiB), all Unhealthy with the longest reason.
+    count = 226_600
+    advertised = DeviceSet.of(Device(str(i), UNHEALTHY, reason="r" * MAX_REASON_BYTES) for i in range(count))
+    sick = statefile.SickList.of(advertised)
+    assert len(sick.listed) == statefile.MAX_LISTED_UNHEALTHY and sick.more == count - statefile.MAX_LISTED_UNHEALTHY
+    assert [d.device_id for d in sick.listed] == sorted(str(i) for i in range(count))[: statefile.MAX_LISTED_UNHEALTHY]
+    assert all(len(d.reason) == statefile.MAX_LISTED_REASON and d.reason.endswith("...") for d in sick.listed)
+    assert statefile.SickList.of(advertised) is sick  # once per set: publishing again costs nothing
+    path = str(tmp_path / "plugin.json")
+    assert statefile.write(path, PluginState(pid=3, resources=(ResourceState(name="x.io/y", sick=sick),)))
+    assert os.path.getsize(path) < 20_000
+    assert statefile.read(path).resources[0].sick == sick
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param('"unhealthy_devices": {}', id="not-a-list"),
+        pytest.param('"unhealthy_devices": ["cola1"]', id="entry-not-an-object"),
+        pytest.param('"unhealthy_devices": [{"id": 1}]', id="id-not-a-string"),
+        pytest.param('"unhealthy_more": "7"', id="more-not-a-number"),
+    ],
+)
+def test_a_foreign_unhealthy_list_is_a_typed_error(tmp_path: Path, entry: str) -> None:
+    path = tmp_path / "plugin.json"
+    path.write_text('{"pid": 1, "resources": [{"name": "x.io/y", ' + entry + "}]}")
+    with pytest.raises(StateFileError, match="plugin.json"):
+        statefile.read(str(path))
+
+
+def test_status_prints_a_line_per_unhealthy_device() -> None:
+    from colad import status
+
+    sick = statefile.SickList(
+        (
+            statefile.SickDevice("cola2", "probe /bin/check exited 1: \x1b[31mfan stopped"),
+            statefile.SickDevice("cola3", "line 2: bad key", malformed=True),
+            statefile.SickDevice("cola4"),
+        ),
+        more=12,
+    )
+    plugin = statefile.to_json(PluginState(pid=3, resources=(ResourceState(name="x.io/y", sick=sick),)))
+    text = status.render({"processes": {}, "plugin": plugin, "problems": []})
+    assert text.splitlines()[-4:] == [
+        "unhealthy:  cola2: probe /bin/check exited 1: \\x1b[31mfan stopped",
+        "unhealthy:  cola3: malformed device file: line 2: bad key",
+        "unhealthy:  cola4: no reason given",
+        "unhealthy:  ... and 12 more (the state file lists the first by ID)",
+    ]
