@@ -120,8 +120,9 @@ class Device:
     problem: str = ""
     reason: str = ""  # only on an Unhealthy, well-formed device; bounded by MAX_REASON_BYTES
     # The device file's own probe / prepare command: None = the resource's, () = none for this
-    # device. Discovery's business (probes) and, once messages.py carries it, the plugin's
-    # (prepare); never part of the queue's wire entry, so they are left out of `bare`.
+    # device. The probe is discovery's alone and never on the queue (left out of `bare`); the
+    # prepare crosses it to the plugin's PreStartContainer (prestart.plan), which honours it only
+    # on a resource with a prepare of its own (only those register with pre_start_required).
     probe: tuple[str, ...] | None = None
     prepare: tuple[str, ...] | None = None
 
@@ -133,10 +134,10 @@ class Device:
     def bare(self) -> bool:
         """Only an ID and a health (what a device was before device files had content), on the wire.
 
-        The local-only fields (probe, prepare, an entry's `optional`) do not count: the queue's
+        The local-only fields (probe, an entry's `optional`) do not count: the queue's
         encoding of a bare device must be the same on both ends.
         """
-        return replace(self, probe=None, prepare=None) == Device(self.device_id, self.health)
+        return replace(self, probe=None) == Device(self.device_id, self.health)
 
 
 def base_id(device_id: str) -> str:

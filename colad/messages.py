@@ -18,6 +18,7 @@ from typing import Any
 from colad import devices
 from colad.config import resource_name_problem
 from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES
+from colad.device_rules import MAX_COMMAND_ARGS
 from colad.devices import Device, DeviceSet
 from colad.errors import MessageError
 
@@ -136,7 +137,19 @@ def _show(value: object, limit: int = 60) -> str:
 
 
 _WIRE_KEYS = frozenset(
-    ("id", "health", "numa_nodes", "device_nodes", "mounts", "envs", "annotations", "cdi_devices", "problem", "reason")
+    (
+        "id",
+        "health",
+        "numa_nodes",
+        "device_nodes",
+        "mounts",
+        "envs",
+        "annotations",
+        "cdi_devices",
+        "problem",
+        "reason",
+        "prepare",
+    )
 )
 
 
@@ -168,6 +181,8 @@ def device_to_wire(device: Device) -> list[str] | dict[str, Any]:
         wire["problem"] = device.problem
     if device.reason:
         wire["reason"] = device.reason
+    if device.prepare is not None:  # [] is "none for this device"; absent is "the resource's"
+        wire["prepare"] = list(device.prepare)
     return wire
 
 
@@ -230,6 +245,13 @@ def device_from_wire(obj: object) -> Device:
     cdi = _wire_list(obj, "cdi_devices")
     if not all(isinstance(n, str) for n in cdi):
         raise ValueError(f"device {device_id!r}: cdi_devices is not a list of strings")
+    prepare = obj.get("prepare")
+    if prepare is not None:
+        if not isinstance(prepare, list) or len(prepare) > MAX_COMMAND_ARGS:
+            raise ValueError(f"device {device_id!r}: prepare is not a list of at most {MAX_COMMAND_ARGS} arguments")
+        if not all(isinstance(a, str) for a in prepare):
+            raise ValueError(f"device {device_id!r}: prepare is not a list of strings")
+        prepare = tuple(prepare)  # device_problem applies device_rules.command_problem
     nodes = "device_nodes"
     device = Device(
         device_id,
@@ -242,6 +264,7 @@ def device_from_wire(obj: object) -> Device:
         cdi_devices=tuple(cdi),
         problem=problem,
         reason=reason,
+        prepare=prepare,
     )
     problem = devices.device_problem(device)
     if problem is not None:

@@ -14,11 +14,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
-from colad.devices import DeviceSet, base_id
+from colad.devices import Device, DeviceSet, base_id
 from colad.probes import BASE_ENV, OUTPUT_LIMIT, outcome
 
 # Prepare commands running at once in one plugin (each PreStartContainer call runs its own); a call
@@ -55,16 +55,18 @@ def plan(resource: str, command: tuple[str, ...], devices: DeviceSet, requested:
     """The commands to run for `requested`, in order of each command's first device; raises UnknownDevice.
 
     A device's own prepare (devices.Device.prepare, when set) replaces `command`; () means none.
-    Each command gets the physical IDs of its devices as arguments, once each in request order,
-    and COLA_DEVICES (those IDs), COLA_REPLICAS (the requested IDs, when any is a replica) and
-    COLA_RESOURCE_NAME in its environment.
+    Only when `command` is set: a resource without one registers without pre_start_required,
+    so the kubelet never calls (ignored_prepares names such devices for a warning), and a call
+    that comes anyway runs nothing the kubelet was never told about. Each command gets the
+    physical IDs of its devices as arguments, once each in request order, and COLA_DEVICES
+    (those IDs), COLA_REPLICAS (the requested IDs, when any is a replica) and COLA_RESOURCE_NAME.
     """
     groups: dict[tuple[str, ...], list[str]] = {}
     for device_id in dict.fromkeys(requested):
         device = devices.get(device_id)
         if device is None:
             raise UnknownDevice(device_id)
-        own = device.prepare if device.prepare is not None else command
+        own = device.prepare if device.prepare is not None and command else command
         if own:
             groups.setdefault(own, []).append(device_id)
     steps = []
@@ -75,6 +77,11 @@ def plan(resource: str, command: tuple[str, ...], devices: DeviceSet, requested:
             env[COLA_REPLICAS_ENV] = ",".join(ids)
         steps.append(Step(argv + physical, tuple(ids), tuple(sorted(env.items()))))
     return steps
+
+
+def ignored_prepares(command: tuple[str, ...], devices: Iterable[Device]) -> tuple[str, ...]:
+    """The IDs of devices naming a prepare of their own that plan() never runs: `command` is ()."""
+    return () if command else tuple(d.device_id for d in devices if d.prepare)
 
 
 def run(step: Step, timeout: float) -> Result:

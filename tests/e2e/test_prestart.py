@@ -3,11 +3,13 @@
 With `prepare` set, colad registers with pre_start_required and GetDevicePluginOptions agrees (the
 fake kubelet checks both); the kubelet's pre_start_container() runs the command with the device
 IDs; a failure or a hang past prepare_timeout answers FAILED_PRECONDITION naming the device and
-the command's reason, well inside the kubelet's 30 s, and is counted. Nothing restarts.
+the command's reason, well inside the kubelet's 30 s, and is counted. A device file's own
+prepare crosses the queue and runs instead, for that device; it is ignored on a resource without one.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import pytest
 
 from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -35,15 +38,21 @@ done
 """
 
 
-@pytest.fixture
-def prepared(short_tmp: Path, kubelet: FakeKubelet) -> Iterator[tuple[ColadService, Path]]:
+def _service(short_tmp: Path, *, resource_prepare: bool = True) -> tuple[ColadService, Path, Path]:
     out = short_tmp / "prep"
     out.mkdir()
     script = short_tmp / "prepare.sh"
     script.write_text(SCRIPT)
     command = shlex.join(["/bin/sh", str(script), str(out)])
-    colad = ColadService(short_tmp, extra_env={"COLAD_PREPARE": command, "COLAD_PREPARE_TIMEOUT": "1.5"})
+    env = {"COLAD_PREPARE": command, "COLAD_PREPARE_TIMEOUT": "1.5"} if resource_prepare else {}
+    colad = ColadService(short_tmp, extra_env=env)
     colad.add(*BASE)
+    return colad, out, script
+
+
+@pytest.fixture
+def prepared(short_tmp: Path, kubelet: FakeKubelet) -> Iterator[tuple[ColadService, Path]]:
+    colad, out, _ = _service(short_tmp)
     colad.start()
     yield colad, out
     rc = colad.stop()
@@ -106,3 +115,50 @@ def test_prepare_hang_is_killed_within_its_timeout(prepared: tuple[ColadService,
 def test_without_prepare_nothing_is_required(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
     assert kubelet.wait_registered(timeout=30).options == (False, True) and kubelet.options() == (False, True)
+
+
+def _own_prepare(script: Path, out: Path) -> str:
+    """A device file whose own prepare is SCRIPT writing to `out` (TOML strings, JSON-quoted)."""
+    return "prepare = [" + ", ".join(json.dumps(a) for a in ("/bin/sh", str(script), str(out))) + "]\n"
+
+
+def test_a_device_prepare_runs_instead_of_the_resource_one(short_tmp: Path, kubelet: FakeKubelet) -> None:
+    colad, out, script = _service(short_tmp)
+    own = short_tmp / "own"
+    own.mkdir()
+    (colad.device_dir / "peisicola").write_text(_own_prepare(script, own))
+    (colad.device_dir / "sprite").write_text("prepare = []\n")  # none for this device
+    colad.start()
+    try:
+        kubelet.wait_devices(BASE | {"sprite"}, timeout=30)
+        assert kubelet.wait_registered(timeout=30).options == (True, True)
+        kubelet.pre_start_container(["peisicola", "sprite", "cocacola"])
+        assert (own / "calls").read_text() == "peisicola devices=peisicola resource=myway5.com/cola\n"
+        assert (out / "calls").read_text() == "cocacola devices=cocacola resource=myway5.com/cola\n"
+        colad.wait_log("msg=prepared resource=myway5.com/cola devices=peisicola,sprite,cocacola commands=2")
+        # The file loses its own prepare: the change crosses the queue, the resource's runs for it.
+        (colad.device_dir / "peisicola").write_text("")
+
+        def resource_ran_it() -> bool:
+            kubelet.pre_start_container(["peisicola"])
+            return "peisicola devices=peisicola" in (out / "calls").read_text()
+
+        wait_until(resource_ran_it, 30, "the resource's prepare for peisicola", interval=0.2)
+    finally:
+        rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def test_a_device_prepare_without_a_resource_prepare_requires_nothing(short_tmp: Path, kubelet: FakeKubelet) -> None:
+    # pre_start_required follows the resource alone (fixed at Register): the device's prepare is
+    # not run, and the kubelet is never asked for PreStartContainer (the fake fails a call).
+    colad, out, script = _service(short_tmp, resource_prepare=False)
+    (colad.device_dir / "peisicola").write_text(_own_prepare(script, out))
+    colad.start()
+    try:
+        kubelet.wait_devices(BASE, timeout=30)
+        assert kubelet.wait_registered(timeout=30).options == (False, True) and kubelet.options() == (False, True)
+        assert not (out / "calls").exists()
+    finally:
+        rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]

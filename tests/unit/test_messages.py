@@ -616,3 +616,48 @@ def test_clip_reason_makes_a_valid_reason() -> None:
         assert len(reason.encode("utf-8")) <= MAX_REASON_BYTES
         assert device_problem(Device("d", UNHEALTHY, reason=reason)) is None
     assert clip_reason("first\nsecond") == "first"
+
+
+# --- a device's own prepare crosses the queue to PreStartContainer (#15) --------------------
+
+
+def test_prepare_round_trips_none_empty_and_a_command() -> None:
+    own = Device("cola1", prepare=("/usr/bin/reset", "--hard"))
+    none_here = Device("cola2", prepare=())
+    message = DeviceSnapshot(1, 2, DeviceSet.of([own, none_here, Device("cola3")]))
+    decoded = decode(encode(message))
+    assert decoded == message
+    assert isinstance(decoded, DeviceSnapshot) and decoded.devices.by_id["cola3"].prepare is None
+    assert json.loads(device_entry(own)) == {"id": "cola1", "prepare": ["/usr/bin/reset", "--hard"]}
+    assert json.loads(device_entry(none_here)) == {"id": "cola2", "prepare": []}
+    assert not own.bare and not none_here.bare and Device("cola3", probe=("/bin/p",)).bare  # probe stays local
+    assert len({set_digest([d]) for d in (own, none_here, Device("cola1"))}) == 3  # a change of prepare is a change
+    delta = DeviceDelta(1, 3, 2, (own,), (), set_digest([own]))
+    assert decode(encode(delta)) == delta
+
+
+def _prepare_entry(prepare: object) -> bytes:
+    return _snapshot(devices=[{"id": "cola1", "prepare": prepare}])
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        pytest.param(_prepare_entry("/bin/reset"), "not a list", id="prepare-a-string"),
+        pytest.param(_prepare_entry(["/bin/reset", 3]), "list of strings", id="prepare-arg-not-a-string"),
+        pytest.param(_prepare_entry(["/bin/r"] + ["a"] * 64), "at most 64", id="prepare-too-many-args"),
+        pytest.param(_prepare_entry(["/bin/r"] * 10**5), "at most 64", id="prepare-huge"),
+        pytest.param(_prepare_entry(["reset"]), "absolute path", id="prepare-relative"),
+        pytest.param(_prepare_entry(["/bin/r", "a\x00b"]), "NUL", id="prepare-nul"),
+        pytest.param(_prepare_entry(["/bin/r", "x" * 4097]), "longer than 4096", id="prepare-arg-too-long"),
+        pytest.param(_prepare_entry(["/bin/r", "\udcff"]), "UTF-8", id="prepare-surrogate"),
+        pytest.param(
+            _snapshot(devices=[{"id": "c", "health": UNHEALTHY, "problem": "p", "prepare": []}]),
+            "carry nothing else",
+            id="prepare-on-malformed",
+        ),
+    ],
+)
+def test_decode_validates_the_prepare(data: bytes, fragment: str) -> None:
+    with pytest.raises(MessageError, match=fragment):
+        decode(data)
