@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colad import constants
-from colad.allocation import DEFAULT_REPLICA_POLICY
 from colad.config_checks import (
     CDI_MODES,
     address_problem,
@@ -43,7 +42,7 @@ from colad.config_checks import (
 from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.config_input import convert, read_file
 from colad.errors import ConfigError
-from colad.names import DEFAULT_RESOURCE_NAME, resource_name_problem
+from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 

@@ -16,11 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from colad import constants
-from colad.allocation import REPLICA_POLICIES
-from colad.cdi import kind_problem as cdi_kind_problem
 from colad.device_rules import command_problem as devices_command_problem
-from colad.devices import replica_suffix_length
-from colad.nfd import label_problem
+from colad.names import REPLICA_POLICIES
 
 if TYPE_CHECKING:  # config.py imports these checks; its Config is only a type here
     from colad.config import Config
@@ -208,7 +205,11 @@ def spec_dir_problem(value: str) -> str | None:
 
 def label_prefix_problem(value: str) -> str | None:
     """Why `value` cannot prefix colad's NFD labels ("" = NFD's feature.node.kubernetes.io), or None."""
-    return None if value == "" else label_problem("example.com/x", value)
+    if value == "":
+        return None
+    from colad.nfd import label_problem  # only for a set prefix: loading a config imports no device model
+
+    return label_problem("example.com/x", value)
 
 
 def expiry_problem(value: float) -> str | None:
@@ -234,7 +235,12 @@ def device_entry_max_bytes(replicas: int, numa_nodes: int = constants.MAX_DEVICE
     Its ID is the longest file name (MAX_DEVICE_ID_LENGTH) plus "::<replicas - 1>", its health
     "Unhealthy", its topology `numa_nodes` NUMA IDs of two varint bytes each (up to MAX_NUMA_NODE).
     """
-    id_bytes = constants.MAX_DEVICE_ID_LENGTH + replica_suffix_length(replicas)
+    suffix = 0
+    if replicas > 1:  # the default (1) needs no device model: every role loads a config
+        from colad.devices import replica_suffix_length
+
+        suffix = replica_suffix_length(replicas)
+    id_bytes = constants.MAX_DEVICE_ID_LENGTH + suffix
     node = _field_bytes(1 + _varint_bytes(constants.MAX_NUMA_NODE))  # NUMANode{ID} in TopologyInfo.nodes
     topology = _field_bytes(numa_nodes * node) if numa_nodes else 0
     return _field_bytes(_field_bytes(id_bytes) + _field_bytes(len(constants.UNHEALTHY)) + topology)
@@ -352,8 +358,14 @@ def directory_problems(
 
 def resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[str]) -> list[str]:
     """Settings a resource's name cannot carry: a CDI kind for cdi = "only", NFD label keys with the prefix."""
-    problems = []
-    for resource in cfg.resources if not failed & {"resource_name", "cdi", "nfd_label_prefix"} else ():
+    problems: list[str] = []
+    if failed & {"resource_name", "cdi", "nfd_label_prefix"} or not (cfg.cdi == "only" or cfg.nfd_features_file):
+        return problems
+    # Imported only for the settings that need them: the default config loads no device model.
+    from colad.cdi import kind_problem as cdi_kind_problem
+    from colad.nfd import label_problem
+
+    for resource in cfg.resources:
         if cfg.cdi == "only" and (why := cdi_kind_problem(resource.name)) is not None:
             problems.append(f"cdi ({sources.get('cdi', 'default')}): 'only' needs a CDI kind per resource: {why}")
         if cfg.nfd_features_file and (why := label_problem(resource.name, cfg.nfd_label_prefix)) is not None:

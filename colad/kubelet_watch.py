@@ -14,7 +14,7 @@ from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
 from colad.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
-from colad.queue import QueueClient
+from colad.queue_client import QueueClient
 
 LOG = log.get(__name__)
 

@@ -3,7 +3,7 @@
 The kubelet refuses a Register whose resource name is not an extended-resource name, and
 the API server an annotation key that is not a qualified name: config.py, messages.py and
 kubelet_sim.py check the first, devices.py the second. Device and replica IDs are
-devices.py's, replica policies allocation.py's. Pure: no I/O.
+devices.py's; allocation.py applies the replica policy names defined here. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ import re
 from typing import Final
 
 DEFAULT_RESOURCE_NAME: Final = "myway5.com/cola"
+# allocation.allocate's replica policies, the first the default. Here, not in allocation.py, so that
+# loading a config (every role does) never imports the allocation core and the device model with it.
+REPLICA_POLICIES: Final = ("spread", "pack")
+DEFAULT_REPLICA_POLICY: Final = REPLICA_POLICIES[0]
 
 # k8s.io/apimachinery pkg/util/validation/validation.go: IsDNS1123Subdomain (DNS1123SubdomainMaxLength)
 # and the name part of IsQualifiedName (qualifiedNameMaxLength).

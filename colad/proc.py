@@ -13,7 +13,7 @@ import os
 import signal
 
 from colad import config as config_mod
-from colad import log, statefile
+from colad import log
 from colad.config import Config
 from colad.errors import ConfigError
 
@@ -84,4 +84,6 @@ def write_state_file(path: str, body: object) -> bool:
 
     One writer for every state file: statefile.write_json (0600 in a 0700 directory, tmp + rename).
     """
+    from colad import statefile  # it imports the device model, which the small roles never need
+
     return statefile.write_json(path, body)

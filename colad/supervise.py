@@ -3,17 +3,21 @@
 Reads the Config and the template (conf/supervisord.conf); writes <run_dir>/supervisord.conf
 whole or not at all, then execs supervisord, so systemd (or the terminal) sees it as the main
 process. Children get the config file's path and the keys set by flags as COLAD_* variables.
+A short-lived forked waker ends supervisord's idle first poll at once (see `start_waker`).
 This is what the systemd unit runs.
 """
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import os
 import pwd
+import socket
 import stat
 import string
 import sys
+import time
 from pathlib import Path
 
 from colad import constants, kubeletdir, log
@@ -144,6 +148,99 @@ def write_conf(path: str, text: str) -> None:
         raise
 
 
+# supervisord takes ~0.15 s from exec to its pid file; far past this something is wrong, and the
+# waker's absence costs only supervisord's own one-second tick.
+WAKE_DEADLINE = 10.0
+
+
+def wake_paths(conf_text: str) -> tuple[str, str] | None:
+    """(pid file, control socket) of a rendered supervisord.conf; None when it names no literal pair."""
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
+    try:
+        parser.read_string(conf_text)
+        pidfile = parser.get("supervisord", "pidfile")
+        sock = parser.get("unix_http_server", "file")
+    except configparser.Error:
+        return None
+    if "%(" in pidfile + sock or not os.path.isabs(pidfile):  # supervisord's own expansions: not ours to guess
+        return None
+    return pidfile, sock
+
+
+def start_waker(conf_text: str) -> int | None:
+    """Fork the waker, which connects once to supervisord's control socket when supervisord is ready.
+
+    supervisord 4.2 spawns the autostart programs in runforever() only after its first
+    poll(timeout=1 s) returns, which nothing wakes on a cold start: every start waited ~1 s.
+    supervisord writes its pid file after its control socket listens and its signal handlers
+    are set, just before that first poll, so one connect() then ends the poll and the programs
+    start. The waker is supervisord's child (we exec in place) and exits within WAKE_DEADLINE.
+    """
+    paths = wake_paths(conf_text)
+    if paths is None:
+        LOG.info("supervisord start not woken: no literal pidfile and unix_http_server file")
+        return None
+    sys.stdout.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        code = _wake(parent, *paths)
+    except BaseException as exc:  # a stop signal (SystemExit) or anything else: only this process ends
+        LOG.warning("supervisord waker failed", error=exc)
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _written_by(pidfile: str, pid: int) -> bool:
+    try:
+        with open(pidfile, "rb") as handle:
+            return handle.read(32).strip() == str(pid).encode()
+    except OSError:
+        return False
+
+
+def _wake(parent: int, pidfile: str, sock_path: str) -> int:
+    """The waker's body: wait (inotify on the pid file's directory, bounded) for `parent`'s pid file."""
+    import pyinotify  # only the waker needs these, after the fork: never on the path to exec
+
+    from colad import watch
+
+    started = time.monotonic()
+    inotify = watch.Inotify()
+    inotify.add(os.path.dirname(pidfile), pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_ONLYDIR)
+    try:
+        gone: int | None = os.pidfd_open(parent)  # readable once supervisord exited
+    except ProcessLookupError:
+        LOG.info("supervisord waker done: supervisord exited before it started")
+        return 1
+    except OSError:  # no pidfd here (an old kernel, a syscall filter): the deadline alone bounds the wait
+        gone = None
+    while not _written_by(pidfile, parent):  # checked after the watch is added: no write can slip past
+        remaining = started + WAKE_DEADLINE - time.monotonic()
+        ready = watch.poll([inotify.fileno(), gone], remaining) if remaining > 0 else set()
+        if gone is not None and gone in ready:
+            LOG.info("supervisord waker done: supervisord exited before it started")
+            return 1
+        if not ready:
+            LOG.warning("supervisord not woken: no pid file in time", pidfile=pidfile, waited_s=WAKE_DEADLINE)
+            return 1
+        inotify.read()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(sock_path)
+        except OSError as exc:
+            LOG.warning("supervisord not woken: cannot connect", socket=sock_path, error=exc.strerror or exc)
+            return 1
+    waited_ms = round((time.monotonic() - started) * 1000, 1)
+    LOG.info("supervisord woken", waited_ms=waited_ms, socket=sock_path, waker_pid=os.getpid())
+    return 0
+
+
 def main(args: object = None, cfg: Config | None = None) -> int:
     assert cfg is not None
     log.setup("supervise", cfg.log_level)
@@ -167,6 +264,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", conf_path]
     LOG.info("starting supervisord", config=conf_path, run_dir=cfg.run_dir)
+    start_waker(rendered)
     sys.stdout.flush()
     try:
         os.execve(sys.executable, command, env)

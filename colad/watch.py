@@ -26,7 +26,7 @@ import pyinotify
 from colad import log, proc
 from colad.config import Config
 from colad.errors import ConfigError
-from colad.queue import QueueClient, StatsReporter
+from colad.queue_client import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
 

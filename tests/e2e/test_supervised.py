@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -237,3 +238,20 @@ def test_stop_tells_the_kubelet_the_devices_are_gone(short_tmp: Path, kubelet: F
     assert last.devices == {}, "the last list before the stream ended is empty"
     assert kubelet.devices() == {}
     assert service.log_lines("told the kubelet the devices are gone")
+
+
+def test_the_start_waker_wakes_supervisord_once_and_is_reaped(colad: ColadService, kubelet: FakeKubelet) -> None:
+    """`colad supervise` forks a waker that ends supervisord's idle first poll (issue 14, cold start).
+
+    It connects once when supervisord's pid file names it, logs one line, and exits 0; supervisord,
+    its parent after the exec, reaps it: no process of it is left.
+    """
+    kubelet.wait_registered()
+    line = colad.wait_log('msg="supervisord woken"', timeout=20)[0]
+    found = re.search(r"waker_pid=(\d+)", line)
+    assert found is not None, line
+    pid = int(found.group(1))
+    colad.wait_log(f"reaped unknown pid {pid} (exit status 0)", timeout=20)
+    assert not _alive(pid)
+    assert len(colad.log_lines('msg="supervisord woken"')) == 1
+    assert colad.log().index('msg="supervisord woken"') < colad.log().index("spawned: 'plugin'")

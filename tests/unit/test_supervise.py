@@ -64,3 +64,23 @@ def test_journal_detection_compares_stdout_with_journal_stream(monkeypatch: pyte
     assert supervise.stdout_is_journal() is False
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")
     assert supervise.stdout_is_journal() is False
+
+
+def test_the_waker_finds_the_pid_file_and_control_socket_of_the_shipped_template() -> None:
+    rendered = supervise.render(Config(run_dir="/run/colad-test"), TEMPLATE, journal=False)
+    assert supervise.wake_paths(rendered) == ("/run/colad-test/supervisord.pid", "/run/colad-test/supervisor.sock")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[supervisord]\npidfile=/run/x.pid\n",  # no control socket
+        "[unix_http_server]\nfile=/run/x.sock\n",  # no pid file
+        "[supervisord]\npidfile=%(here)s/x.pid\n[unix_http_server]\nfile=/run/x.sock\n",  # supervisord expands it
+        "[supervisord]\npidfile=x.pid\n[unix_http_server]\nfile=/run/x.sock\n",  # relative to supervisord's cwd
+        "[supervisord\nbroken",
+    ],
+    ids=["no-socket", "no-pidfile", "expansion", "relative", "unparsable"],
+)
+def test_the_waker_is_skipped_for_a_template_it_cannot_read_literally(text: str) -> None:
+    assert supervise.wake_paths(text) is None
