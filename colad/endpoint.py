@@ -301,7 +301,7 @@ class Endpoint:
             registered=state.phase is reg.Phase.REGISTERED,
             endpoint=os.path.basename(self.socket_path) if self.socket_path else "",
             devices=len(advertised),
-            healthy=advertised.count(constants.HEALTHY),
+            healthy=advertised.memo("healthy", lambda s: s.count(constants.HEALTHY)),  # published per event
             streams=state.live_streams(),
             open_streams=state.all_streams(),
             since=self.since,

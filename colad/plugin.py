@@ -40,6 +40,10 @@ CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let 
 DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
 MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not serve (yet): a reload may add them
 SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
+# The state file is written at once after a quiet spell, else at most once per this interval:
+# the events of one change or one re-registration (received, sent, streams...) cost one or two
+# writes, not one each; the file is never more than this behind the published snapshot.
+STATE_FILE_INTERVAL = 0.05
 
 
 class Plugin:
@@ -81,6 +85,8 @@ class Plugin:
         self.discovery_heard = clock()  # from the start: a discovery that never reports is silent too
         self.roles = RoleHealth(cfg)
         self.published = Published(statefile.PluginState(pid=os.getpid()), self.discovery_heard, cfg.rescan_interval)
+        self.state_due: float | None = None  # when the state file must catch up with `published` (None: it has)
+        self.state_written = -STATE_FILE_INTERVAL  # monotonic time of the last write
         # Who holds which device, from the kubelet's PodResources API; the published names, so a reload counts.
         self.inuse = InUseWatcher(cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
 
@@ -117,10 +123,16 @@ class Plugin:
         )
         published = Published(state, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
         if published != self.published:
-            changed = state != self.published.state
+            if state != self.published.state and self.state_due is None:
+                self.state_due = max(self.clock(), self.state_written + STATE_FILE_INTERVAL)
             self.published = published
-            if changed:
-                statefile.write(self.cfg.plugin_state_file, state)
+
+    def write_state(self, *, now: bool = False) -> None:
+        """Write the published snapshot to the state file once it is due (or `now`), if it changed."""
+        at = self.clock()
+        if self.state_due is not None and (now or at >= self.state_due):
+            self.state_due, self.state_written = None, at
+            statefile.write(self.cfg.plugin_state_file, self.published.state)
 
     def handle(self, event: ev.Event) -> None:
         now = self.clock()
@@ -191,6 +203,8 @@ class Plugin:
 
     def next_timeout(self) -> float:
         due = [self.next_safety_check] + [d for e in self.endpoints.values() if (d := e.state.due()) is not None]
+        if self.state_due is not None:
+            due.append(self.state_due)
         return max(0.0, min(due) - self.clock())
 
     def reload(self) -> None:
@@ -252,6 +266,7 @@ class Plugin:
         self.next_safety_check = started + SAFETY_CHECK_INTERVAL
         self.kubelet_now = socket_identity(self.cfg.kubelet_socket)
         self.publish()
+        self.write_state(now=True)
         self.inuse.start()  # after the first publish: it reads the resource names from the snapshot
         try:
             while not isinstance(event := self._next_event(), ev.StopRequested):
@@ -261,6 +276,7 @@ class Plugin:
                         self.publish()
                     else:
                         self.handle(event)
+                    self.write_state()
                 except Exception:  # the loop boundary: log once, count, continue
                     LOG.exception("plugin loop error", event=type(event).__name__)
                     if self._over_budget():
@@ -277,6 +293,7 @@ class Plugin:
         for endpoint in self.endpoints.values():
             endpoint.close(now)
         self.publish()
+        self.write_state(now=True)
         self.sockets.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
