@@ -312,10 +312,9 @@ def step(state: Registration, event: Event, now: float) -> Step:
                 state = replace(state, withdrawing=True)
                 effects.append(SendEmptyList())
         case Shutdown():
-            if state.call:
-                effects.append(CancelCall(state.call))
+            state = _cancel(state, effects)
             effects.append(StopServer(state.generation))
-            state = replace(_settled(state), call=0, endpoint="", retry_at=None, stream_check_at=None)
+            state = replace(_settled(state), endpoint="", retry_at=None, stream_check_at=None)
             state = _transition(state, effects, Phase.STOPPED, "shutdown")
         case _:
             pass  # an answer that no longer matters (an older generation or call)
@@ -341,13 +340,18 @@ def _register(
     state: Registration, effects: list[Effect], reason: str, cause: str, *, fresh: bool = False
 ) -> Registration:
     """The single path every trigger takes: cancel the call in flight, serve if needed, then Register."""
-    if state.call:
-        effects.append(CancelCall(state.call))
-    state = replace(state, call=0, retry_at=None, pending=reason, pending_cause=cause)
+    state = replace(_cancel(state, effects), retry_at=None, pending=reason, pending_cause=cause)
     if fresh or not state.endpoint:
         return _serve(state, effects, cause)
     effects.append(CheckSocket())  # serving already: reuse the socket if it is still ours
     return state
+
+
+def _cancel(state: Registration, effects: list[Effect]) -> Registration:
+    """No Register call in flight any more: the one there was is cancelled."""
+    if state.call:
+        effects.append(CancelCall(state.call))
+    return replace(state, call=0)
 
 
 def _settled(state: Registration) -> Registration:
