@@ -162,7 +162,11 @@ class HealthOutputs:
             if event.mask & watch.SELF_GONE:
                 # That path, and every path under it, no longer names the inode watched (the watches
                 # below a moved directory followed it): let go of them all; the sync adds them by path.
+                # The event's own watch may already be no path's (the sync watched the new inode at
+                # the path): a moved inode stays watched by the kernel until let go of.
                 under = event.path.rstrip("/") + "/"
+                if event.mask & pyinotify.IN_MOVE_SELF:
+                    self.host_inotify.remove(event.wd)
                 for path, (wd, _) in list(self.host_wds.items()):
                     if wd == event.wd or path.startswith(under):
                         del self.host_wds[path]
@@ -234,9 +238,12 @@ class HealthOutputs:
         """Watch exactly the directories the devices' host paths need (at most MAX_WATCH_DIRS).
 
         Each path's nearest existing parent gets the name events; its further ancestors only
-        their own move or removal (renaming /a moves /a/b/x away without an event in /a/b). A
-        directory newly watched may have changed before its watch existed (mkdir -p): the
-        devices are looked at again next turn, until the set of watches stops changing.
+        their own move or removal (renaming /a moves /a/b/x away without an event in /a/b). The
+        check came before the watch: after a watch is added (or its mask widened), or could not
+        be because its directory went, the devices are looked at again next turn, until the
+        set of watches stops changing. A new mask is set on the watch in place, never by
+        removing it: the events queued on it (its own move, which tells that the watches below
+        it are stale) would go with it.
         """
         parents: set[str] = set()
         for rw in self.watches.values():
@@ -250,14 +257,20 @@ class HealthOutputs:
         masks.update(dict.fromkeys(parents, HOST_PATH_EVENTS))
         keep = sorted(masks, key=lambda d: (d.count("/"), d))[: hostpaths.MAX_WATCH_DIRS]
         wanted = {path: masks[path] for path in keep}
-        for path, (wd, mask) in list(self.host_wds.items()):
-            if wanted.get(path) != mask:
+        for path, (wd, _) in list(self.host_wds.items()):
+            if path not in wanted:  # nothing under it is wanted either (ancestors sort first)
                 del self.host_wds[path]
                 self.host_inotify.remove(wd)
-        for path in sorted(wanted.keys() - self.host_wds.keys()):
+        for path in sorted(p for p, mask in wanted.items() if self.host_wds.get(p, (0, 0))[1] != mask):
             added = self.host_inotify.add(path, wanted[path])
-            if added is not None:  # gone meanwhile: its event is on the way, or the periodic rescan sees it
+            if added is not None:
+                # Same inode: the same wd, its mask replaced. Another inode (the directory was moved or
+                # made again): a new wd; the old one's own event is still to come and lets go of it.
                 self.host_wds[path] = (added, wanted[path])
+                self.host_recheck = True
+            elif not os.path.isdir(path):
+                # Gone since the check (an existing directory that cannot be watched, EACCES or ENOSPC,
+                # is left to the periodic rescan: looking again would find the same and spin).
                 self.host_recheck = True
 
     def _write_spec(self, rw: ResourceWatch) -> None:

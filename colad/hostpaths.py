@@ -28,10 +28,16 @@ class PathState:
 
     error: str = ""
     device: bool = False  # a character or block device node
+    directory: bool = True  # False: it exists but holds no entries (a path under it cannot exist)
 
     @property
     def exists(self) -> bool:
         return not self.error
+
+    @property
+    def holds(self) -> bool:
+        """Can a path under this one exist (and this one be watched for it)?"""
+        return self.exists and self.directory
 
 
 MISSING = PathState("does not exist")
@@ -136,7 +142,7 @@ def watch_dirs(host_paths_: Iterable[str], states: Mapping[str, PathState]) -> f
     dirs = set()
     for path in host_paths_:
         parent = os.path.dirname(path)
-        while parent not in ("/", "") and parent in states and not states[parent].exists:
+        while parent not in ("/", "") and parent in states and not states[parent].holds:
             parent = os.path.dirname(parent)
         dirs.add(parent or "/")
     return frozenset(sorted(dirs, key=lambda d: (d.count("/"), d))[:MAX_WATCH_DIRS])
@@ -154,18 +160,20 @@ def stat_path(path: str) -> PathState:
     except (OSError, ValueError) as exc:  # ValueError: an embedded NUL (refused earlier, but never fatal)
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return PathState(f"cannot be checked: {reason}")
-    return PathState(device=stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+    mode = st.st_mode
+    return PathState(device=stat.S_ISCHR(mode) or stat.S_ISBLK(mode), directory=stat.S_ISDIR(mode))
 
 
 def check(devices: DeviceSet, stat_fn: Callable[[str], PathState] = stat_path) -> HostCheck:
-    """apply() with every host path and the ancestors of missing ones stat'ed once."""
+    """apply() with every host path and the ancestors of missing ones stat'ed once, up to the nearest
+    existing directory (a regular file in the way is no place for a watch)."""
     states: dict[str, PathState] = {}
     for path in sorted(paths(devices)):
         states[path] = stat_fn(path)
         parent = os.path.dirname(path)
         while not states[path].exists and parent not in ("/", "") and parent not in states:
             states[parent] = stat_fn(parent)
-            if states[parent].exists:
+            if states[parent].holds:
                 break
             parent = os.path.dirname(parent)
     return apply(devices, states)

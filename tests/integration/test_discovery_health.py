@@ -239,7 +239,9 @@ def test_a_reload_moves_the_spec_and_the_feature_file(
     assert labels == {f"example.com/cola.{k}": v for k, v in want.items()}
 
 
-@pytest.mark.parametrize("seed", [1515, 7, 2026])  # 1515: a watched directory moved away, then made again
+@pytest.mark.parametrize(
+    "seed", [1515, 7, 2026, 13]
+)  # 1515: a watched directory moved away, then made again; 13: the same, while its watch changed mask
 def test_host_path_health_equals_a_fresh_check_after_random_file_operations(
     short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner], seed: int
 ) -> None:

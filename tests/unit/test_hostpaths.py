@@ -169,3 +169,14 @@ def test_check_on_a_real_tree_both_ways(tmp_path: Path) -> None:
     os.mknod(node, 0o600 | 0o020000, os.makedev(1, 3))
     healed = hostpaths.check(devices)
     assert healed.reasons == () and healed.devices.get("cola1") == device
+
+
+def test_a_path_under_a_regular_file_is_watched_in_the_directory_above(tmp_path: Path) -> None:
+    # A watch can only be on a directory: one on the file would fail at every turn.
+    (tmp_path / "file").write_text("")
+    device = Device("d", mounts=(Mount(str(tmp_path / "file" / "x"), "/x"),))
+    result = hostpaths.check(DeviceSet.of([device]))
+    assert "cannot be checked: Not a directory" in result.by_id["d"]
+    assert result.watch_dirs == {str(tmp_path)}
+    states = {"/a/f/x": hostpaths.MISSING, "/a/f": hostpaths.PathState(directory=False)}
+    assert hostpaths.watch_dirs(["/a/f/x", "/a/f/y"], states) == {"/a"}
