@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from colad import devicefile, messages
-from colad.constants import UNHEALTHY
+from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device
 
 # Timestamps of a file written within one tick of our read may not change at the next write:
@@ -76,11 +76,23 @@ class Cached:
         return self.key is not None and self.settles_ns is None
 
     @staticmethod
-    def of(key: tuple[int, int, int, int] | None, device: Device, read_ns: int) -> Cached:
+    def of(key: tuple[int, int, int, int] | None, device: Device, read_ns: int, size: int | None = None) -> Cached:
+        """`size`: the device's wire size when the caller knows it (else measured)."""
         settles = None
         if key is not None and racy(key[2], key[3], read_ns):
             settles = max(key[2], key[3]) + RACY_WINDOW_NS + 1
-        return Cached(key, device, messages.device_wire_size(device), settles)
+        return Cached(key, device, messages.device_wire_size(device) if size is None else size, settles)
+
+
+# A bare entry is its ID and health, unescaped (messages.device_entry): its size is the ID's plus this.
+_BARE_HEALTHY_SIZE = messages.device_wire_size(Device("", HEALTHY))
+
+
+def empty_file_device(device_id: str, key: tuple[int, int, int, int], read_ns: int) -> Cached:
+    """What an empty file is: a bare healthy device, its size by arithmetic (no parse, no encoding)."""
+    device = devicefile.parse(device_id, b"")
+    size = _BARE_HEALTHY_SIZE + len(device_id) if device_id.isascii() else None
+    return Cached.of(key, device, read_ns, size)
 
 
 def read_device(
@@ -105,7 +117,7 @@ def read_device(
     if known is not None and known.key == key and known.settles_ns is None:
         return known
     if st.st_size == 0:
-        return Cached.of(key, devicefile.parse(device_id, b""), read_ns)
+        return empty_file_device(device_id, key, read_ns)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:

@@ -64,6 +64,8 @@ def parse(device_id: str, data: bytes) -> Device:
     with every other field empty, so it never contributes anything to a
     container. The result depends on `data` alone: fixing a file heals its device.
     """
+    if not data:  # most device files: a bare device, without tomllib (a third of a 10,000-file burst's CPU)
+        return Device(device_id)
     try:
         return _parse(device_id, data)
     except _Malformed as exc:

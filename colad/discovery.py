@@ -5,6 +5,7 @@ Reads: each resource's device directory (inotify, a periodic safety rescan) and 
 DeviceSnapshot after every (re)connect, then what changed as a DeviceDelta (snapshots.py).
 Level-triggered: an event that names files reads those files again and moves them in the held
 set (O(change)); any other event, an overflow, the timer or a reload re-list the directory.
+Changes that come while the last publish holds the next back go together (resource_scan.py).
 Each device as read gets its host-path health and probe verdict (DeviceHealth); each change
 rewrites the resource's CDI spec and the NFD feature file. Neighbours: resource_scan.py (one
 directory's scans), device_health.py (health, host-path watches, CDI and NFD files).
@@ -36,6 +37,8 @@ from colad.snapshots import Fitted, fit_the_queue
 LOG = log.get(__name__)
 # A directory that cannot be listed (ELOOP, EACCES, EIO...) may send no event when it heals.
 UNUSABLE_RETRY_S = 2.0
+# More known names than this (and than half the set) in one rescan: list the directory instead.
+RELIST_NAMES = 1000
 
 
 class Discovery(watch.WatcherLoop, HealthOutputs):
@@ -95,6 +98,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         if watches is None:
             self.next_rescan = self.clock() + self.cfg.rescan_interval
         for rw in targets:
+            names = None
             try:
                 name = rw.resource.name
                 names = None if dirty is None else dirty.get(name, set())
@@ -109,7 +113,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
                     at=f"{os.path.basename(frame.filename)}:{frame.lineno}",
                 )
                 self.stats.count("input.rescan_failed")
-                rw.follow_up = self.clock() + UNUSABLE_RETRY_S
+                rw.follow_up = rw.hold_until = self.clock() + UNUSABLE_RETRY_S
+                rw.pending.update(names or ())  # not lost: tried again with the retry
         if watches is None:  # the periodic pass also retries a spec or feature file that could not be written
             self.specs_dirty.update(rw.resource.name for rw in targets)
             self.nfd_dirty = self.features is not None
@@ -182,6 +187,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
+        rw.published(self.clock())
         self.specs_dirty.add(rw.resource.name)
         self.nfd_dirty = self.features is not None
         LOG.info(
@@ -254,27 +260,27 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         events = self.wait(timeout)
         if events is None:
             return
-        overflow = False
-        touched: dict[str, set[str]] = {}
-        whole: set[str] = set()  # resources with an event that names no file in them: list them again
-        for event in events:
+        overflow, now = False, self.clock()
+        for event in events:  # each resource keeps what its events named until its hold has passed
             overflow = overflow or event.overflow
-            for name, rw in self.watches.items():
+            for rw in self.watches.values():
                 rw.dir.note(event)
                 if not event.overflow and rw.dir.concerns(event):
-                    names = touched.setdefault(name, set())
-                    if event.wd == rw.dir.wd and event.name:
-                        names.add(event.name)
-                    else:
-                        whole.add(name)
+                    rw.note(event.name if event.wd == rw.dir.wd and event.name else None, now)
         moved = [rw for rw in self.watches.values() if rw.dir.ensure()]
-        if overflow:
-            self.rescan("overflow")
-        elif self.clock() >= self.next_rescan:
-            self.rescan("periodic")
+        if overflow or now >= self.next_rescan:
+            for rw in self.watches.values():
+                rw.take_pending()  # every name is stat()ed again
+            self.rescan("overflow" if overflow else "periodic")
         else:
-            if touched:
-                self.rescan("inotify", [self.watches[n] for n in touched], touched, whole)
+            for rw in moved:
+                rw.take_pending()
+            ready = [rw for rw in self.watches.values() if rw.due(now)]
+            if ready:
+                taken = {rw.resource.name: rw.take_pending() for rw in ready}
+                touched = {name: names for name, (names, _) in taken.items()}
+                whole = {name for name, (names, listed) in taken.items() if listed or self._relist(name, names)}
+                self.rescan("inotify", ready, touched, whole)
             if moved:
                 self.rescan("directory", moved)
         now = self.clock()
@@ -289,11 +295,19 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._write_outputs()
         self.finish(self.clock())
 
+    def _relist(self, name: str, names: set[str]) -> bool:
+        """List the directory rather than stat each name? When the names hold many known devices (a
+        mass removal: one listing beats thousands of failed lstat()s); new names are cheaper one by one
+        (a listing would read every racy file of the burst again)."""
+        cache = self.watches[name].cache
+        return len(names) > RELIST_NAMES and sum(n in cache for n in names) > max(RELIST_NAMES, len(cache) // 2)
+
     def extra_fds(self) -> list[int]:
         return [self.host_inotify.fileno(), *self.runner.fds()]
 
     def timeout(self) -> float:
         follow_ups = [rw.follow_up for rw in self.watches.values() if rw.follow_up is not None]
+        follow_ups += [rw.hold_until for rw in self.watches.values() if rw.pending or rw.pending_whole]
         if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:
             return 0.0
         probe = self.runner.next_deadline()
