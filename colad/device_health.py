@@ -39,8 +39,9 @@ HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyino
 
 
 class DeviceHealth:
-    """One resource's health overlay: a device as read, made Unhealthy (with a reason) where a
-    required host path is missing or its probe fails; missing optional entries left out.
+    """One resource's health overlay: a device as read, made Unhealthy with the reason on it
+    (Device.reason, on the wire) where a required host path is missing or its probe fails;
+    missing optional entries left out.
 
     Per device it keeps the reason, the directories to watch and the probe to run, so a
     change costs only the devices it touches. `notes` are the reason changes to log and count.
@@ -90,7 +91,9 @@ class DeviceHealth:
             verdict = self.runner.verdict(self.key(device_id)) or Verdict(False, PENDING)
             if not verdict.healthy:
                 reason = reason or f"probe {os.path.basename(probe.command[0])}: {verdict.reason}"
-                device = replace(device, health=UNHEALTHY)
+        reason = devices.clip_reason(reason) if reason else ""
+        if reason and not device.problem:  # the plugin's state file and `colad status` show it
+            device = replace(device, health=UNHEALTHY, reason=reason)
         self._set_reason(device_id, reason)
         return device
 

@@ -57,13 +57,22 @@ def test_a_missing_host_path_keeps_the_device_unhealthy_at_the_kubelet(
     (host / "dev" / "cola0").write_text("not a device node")
     service.wait_log("is not a device node", timeout=30)
     assert kubelet.devices() == {"mounted": H, "noded": U, "optional": H, "plain": H}
-    os.unlink(node)
-    os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    # Replaced in one rename: an unlink first would be a moment of "does not exist", a fifth change.
+    os.mknod(node.with_name("new"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    os.rename(node.with_name("new"), node)
     kubelet.wait_devices({"mounted": H, "noded": H, "optional": H, "plain": H}, timeout=30)
     source.unlink()
     kubelet.wait_devices({"mounted": U, "noded": H, "optional": H, "plain": H}, timeout=30)
     assert len(service.log_lines('msg="device unhealthy" resource=myway5.com/cola device=mounted')) == 2
     series = 'colad_device_health_changes_total{reason="host_path"}'
     # mounted and noded at start, noded's reason changing to "not a device node", mounted's source gone.
-    wait_until(lambda: sample(service, series) == 4.0, 30, f"{series} 4", logs=[service.log_path])
+    unhealthy = 'msg="device unhealthy"'
+
+    def counted() -> bool:
+        value = sample(service, series)
+        if value != 4.0:
+            raise AssertionError(f"{series} {value}; logged: {service.log_lines(unhealthy)}")
+        return True
+
+    wait_until(counted, 30, f"{series} 4", logs=[service.log_path])
     assert sample(service, 'colad_device_health_changes_total{reason="recovered"}') == 2.0

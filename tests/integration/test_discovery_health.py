@@ -101,6 +101,41 @@ def test_a_missing_mount_source_is_unhealthy_until_it_appears(
     assert counters.get("rescans.periodic", 0) == 0  # inotify told, not the timer
 
 
+def test_the_reason_reaches_the_plugin_side_and_goes_when_healthy_again(
+    short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
+) -> None:
+    """Device.reason on the queue: what the state file and `colad status` show, as discovery logs it."""
+    command = probe_script(short_tmp)
+    cfg = config(short_tmp, probe=(command,), probe_timeout=5.0, probe_interval=0.3)
+    source = short_tmp / "host" / "data"
+    (short_tmp / "verdicts" / "path").write_text("ok")
+    (short_tmp / "verdicts" / "probe").write_text("overheated")
+    (short_tmp / "devices" / "path").write_text(mount_file(source))
+    (short_tmp / "devices" / "probe").write_text("")
+    discovery, inbox = start(cfg, serve, runners)
+    missing = f"mounts[0].host_path '{source}' does not exist"
+    want = {"path": (UNHEALTHY, missing), "probe": (UNHEALTHY, "probe probe.sh: firmware says: overheated")}
+
+    def reasons(expected: dict[str, tuple[str, str]]) -> bool:
+        got = {i: (d.health, d.reason) for i, d in devices(inbox).items()}
+        if got != expected:
+            raise AssertionError(f"(health, reason) at the plugin side: {got}")
+        return True
+
+    wait_until(lambda: reasons(want), 10, f"the reasons {want}")
+    assert discovery.watches[RESOURCE].health.reasons == {i: r for i, (_, r) in want.items()}
+    source.parent.mkdir()
+    source.write_text("")
+    (short_tmp / "verdicts" / "probe").write_text("ok")
+    wait_until(lambda: reasons({"path": (HEALTHY, ""), "probe": (HEALTHY, "")}), 10, "Healthy, no reason")
+    (short_tmp / "verdicts" / "probe").write_text("fan stopped")
+    source.unlink()
+    want = {"path": (UNHEALTHY, missing), "probe": (UNHEALTHY, "probe probe.sh: firmware says: fan stopped")}
+    wait_until(lambda: reasons(want), 10, f"the reasons again {want}")
+    counters = discovery.stats.counters
+    assert counters.get("health.host_path") == 2 and counters.get("health.probe") == 2, counters
+
+
 def test_device_nodes_must_be_device_nodes_and_optional_entries_do_not_matter(
     short_tmp: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner]
 ) -> None:
@@ -265,7 +300,9 @@ def test_host_path_health_equals_a_fresh_check_after_random_file_operations(
 
     def expected() -> dict[str, Device]:
         raw = DeviceSet.of(devicefile.parse(n, t.encode()) for n, t in texts.items())
-        return {d.device_id: d for d in hostpaths.check(raw).devices}
+        checked = hostpaths.check(raw)
+        why = checked.by_id
+        return {d.device_id: dataclasses.replace(d, reason=why.get(d.device_id, "")) for d in checked.devices}
 
     def operate() -> str:
         target = host / rng.choice(dirs) / rng.choice(("x", "y", ""))
