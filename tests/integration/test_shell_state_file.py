@@ -67,6 +67,10 @@ class Shell:
         snapshot = DeviceSnapshot(1, self.seq, DeviceSet.of([Device(i) for i in ids]), True, RESOURCE)
         self.plugin._on_message(snapshot, Peer(os.getpid(), 0, 0))
 
+    def wait_held(self, ids: list[str]) -> None:
+        wanted = dict.fromkeys(ids, "Healthy")
+        wait_until(lambda: self.kubelet.devices(RESOURCE) == wanted, DEADLINE, f"the kubelet to hold {len(ids)}")
+
     def on_disk(self) -> statefile.PluginState:
         return statefile.read(self.cfg.plugin_state_file)
 
@@ -100,7 +104,7 @@ def test_a_burst_of_changes_costs_one_write_and_the_file_catches_up(shell: Shell
     for n in range(1, 11):  # ten changes, each received and sent: twenty published snapshots, clock still
         ids = [f"cola-{i}" for i in range(n + 1)]
         shell.send(*ids)
-        wait_until(lambda: shell.kubelet.devices(RESOURCE) == dict.fromkeys(ids, "Healthy"), DEADLINE, "the change")
+        shell.wait_held(ids)
         wait_until(shell.settled, DEADLINE, "the change sent")
     assert len(shell.writes) - before == 1, "the first change is written at once, the rest wait for the interval"
     assert shell.on_disk().resources[0].devices == 2, "the file holds the first change, not yet the last"
@@ -115,7 +119,7 @@ def test_stop_writes_the_final_state_at_once(shell: Shell) -> None:
     shell.send("cola-0", "cola-1")
     wait_until(shell.settled, DEADLINE, "registered, streamed, list sent")
     shell.send("cola-0")  # published, not yet written: the clock does not move
-    wait_until(lambda: shell.kubelet.devices(RESOURCE) == {"cola-0": "Healthy"}, DEADLINE, "the change")
+    shell.wait_held(["cola-0"])
     shell.plugin.stop()
     shell.thread.join(15)
     on_disk = shell.on_disk()
