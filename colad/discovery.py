@@ -67,6 +67,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.failed_writes: dict[str, str] = {}  # file -> the error last logged for it
         self.host_recheck = False  # a watch was added: look at the host paths again
         self.specs_dirty: set[str] = set()  # resources whose CDI spec is written at the end of this turn
+        self.published: list[ResourceWatch] = []  # this turn's publishes: their hold starts at its end
         self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
 
@@ -188,6 +189,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
         rw.published(self.clock())
+        self.published.append(rw)
         self.specs_dirty.add(rw.resource.name)
         self.nfd_dirty = self.features is not None
         LOG.info(
@@ -293,7 +295,11 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
             self.rescan("followup", unusable)
         self._health_step()
         self._write_outputs()
-        self.finish(self.clock())
+        now = self.clock()
+        for rw in self.published:  # what came while the turn wrote its outputs waited for the hold
+            rw.published(now)
+        self.published.clear()
+        self.finish(now)
 
     def _relist(self, name: str, names: set[str]) -> bool:
         """List the directory rather than stat each name? When the names hold many known devices (a

@@ -135,6 +135,7 @@ class ResourceWatch:
         return names, whole
 
     def published(self, now: float) -> None:
+        """A publish (or the end of the turn that made it) at `now`: the hold on the next starts."""
         longest = hold_max(len(self.current or ()))
         self.hold_until = now + min(longest, HOLD_BASE_S * 2 ** min(self.streak, 10))
 
