@@ -42,10 +42,10 @@ DEVICE_EVENTS = (
 # A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
 SLOW_READ_S = 0.25
 # Each publish costs the whole list: the plugin's and the kubelet's message, discovery's CDI spec
-# (about 55 ms together at 10,000 devices). The first change after a quiet spell goes at once;
-# changes that come while a publish holds the next back wait for its end and go as one, and each
-# such publish holds the next back twice as long, up to hold_max(): a 10,000-file burst is a few
-# messages a second, not hundreds, and a lone change (or one every few ms) waits for nothing.
+# (about 55 ms together at 10,000 devices). A change goes at once unless it came within the window
+# after the publish before and that one was held too: such a streak of changes waits for the hold,
+# and each holds the next back twice as long, up to hold_max(). A 10,000-file burst is a few
+# messages a second, not hundreds; a lone change never waits.
 HOLD_BASE_S = 0.004
 HOLD_MAX_S = 0.064  # the longest hold of a small set
 HOLD_PER_DEVICE_S = 20e-6  # a larger set's: about four times what its publish costs
@@ -108,8 +108,9 @@ class ResourceWatch:
         self.follow_up: float | None = None  # monotonic time of a rescan that racy entries or a retry need
         self.pending: set[str] = set()  # names events gave, not rescanned yet (held back)
         self.pending_whole = False  # an event named no file in the directory: list it again
-        self.hold_until = 0.0  # monotonic time before which a change waits (see HOLD_BASE_S)
-        self.held = False  # a change came while the hold was on
+        self.window_until = 0.0  # monotonic time until which a change continues the streak (HOLD_BASE_S)
+        self.hold_until = 0.0  # before it, a change waits (the window; none on a streak of 0)
+        self.held = False  # a change came within the window
         self.streak = 0  # publishes in a row that changes waited for
         # Longest file name that still leaves room for the replica suffix "::<n>".
         suffix = len(f"{devices.REPLICA_SEPARATOR}{resource.replicas - 1}") if resource.replicas > 1 else 0
@@ -121,7 +122,7 @@ class ResourceWatch:
             self.pending_whole = True
         else:
             self.pending.add(name)
-        self.held = self.held or now < self.hold_until
+        self.held = self.held or now < self.window_until
 
     def due(self, now: float) -> bool:
         """Are there changes to rescan, and has the hold on them passed?"""
@@ -136,8 +137,8 @@ class ResourceWatch:
 
     def published(self, now: float) -> None:
         """A publish (or the end of the turn that made it) at `now`: the hold on the next starts."""
-        longest = hold_max(len(self.current or ()))
-        self.hold_until = now + min(longest, HOLD_BASE_S * 2 ** min(self.streak, 10))
+        self.window_until = now + min(hold_max(len(self.current or ())), HOLD_BASE_S * 2 ** min(self.streak, 10))
+        self.hold_until = self.window_until if self.streak else now
 
     def scan(self, dirty: set[str] | None, *, clock: Callable[[], float] = time.monotonic) -> ScanOutcome:
         """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again.

@@ -64,13 +64,13 @@ def cfg(short_tmp: Path) -> Config:
 
 
 def _bound(turns: int) -> int:
-    """Publishes a burst of `turns` turns may take: the holds doubling to their maximum, then one per
-    maximum hold, and the last one after the burst."""
+    """Publishes a burst of `turns` turns may take: the first two at once, the holds doubling to their
+    maximum, then one per maximum hold, and the last one after the burst."""
     longest = resource_scan.hold_max(0)  # the sets of these bursts are all small
     doublings = 0
     while resource_scan.HOLD_BASE_S * 2**doublings < longest:
         doublings += 1
-    return doublings + 1 + int(turns * TURN_S / longest) + 2
+    return 2 + doublings + int(turns * TURN_S / longest) + 1
 
 
 def _run(discovery: CountingDiscovery, clock: Clock, paths: list[Path], make: bool) -> None:
@@ -85,7 +85,7 @@ def _run(discovery: CountingDiscovery, clock: Clock, paths: list[Path], make: bo
         clock.now += TURN_S
     rw = next(iter(discovery.watches.values()))
     while rw.pending or rw.pending_whole:
-        clock.now = max(clock.now + TURN_S, rw.hold_until)
+        clock.now = max(clock.now + TURN_S, rw.hold_until)  # no more events: this ends the streak
         discovery.step(0)
 
 
@@ -141,6 +141,12 @@ def test_a_lone_change_after_a_burst_waits_for_no_hold(cfg: Config, serve: Serve
         (Path(cfg.device_dir) / "lone").write_bytes(b"")
         discovery.step(0)
         assert discovery.publishes == before + 1 and rw.current is not None and "lone" in rw.current.ids
-        assert rw.hold_until - clock.now == pytest.approx(resource_scan.HOLD_BASE_S)
+        assert rw.hold_until == clock.now  # the next change waits for nothing either
+        assert rw.window_until - clock.now == pytest.approx(resource_scan.HOLD_BASE_S)  # but starts a streak
+        clock.now += resource_scan.HOLD_BASE_S / 2
+        (Path(cfg.device_dir) / "second").write_bytes(b"")
+        discovery.step(0)
+        assert discovery.publishes == before + 2, "the second change of a streak waits for nothing"
+        assert rw.hold_until - clock.now == pytest.approx(2 * resource_scan.HOLD_BASE_S), "the third one waits"
     finally:
         discovery.close()
