@@ -175,7 +175,8 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
     kubelet = Kubelet(cfg.kubelet_dir)
     kubelet.send("start")
     at, _ = kubelet.wait(0, "started")
-    held = {f"cola-{i:05d}": Device(f"cola-{i:05d}") for i in range(10_000 if phase == "start" else 10)}
+    count = 10_000 if phase == "start" else int(os.environ.get("PROFILE_PLUGIN_DEVICES", "10"))
+    held = {f"cola-{i:05d}": Device(f"cola-{i:05d}") for i in range(count)}
     seq = 0
 
     def send() -> float:
@@ -298,6 +299,7 @@ def main() -> int:
     parser.add_argument("--child", nargs=3, metavar=("PHASE", "ROOT", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--spy", help=argparse.SUPPRESS)
     parser.add_argument("--queue", action="store_true", help="start: the snapshot through the real queue socket")
+    parser.add_argument("--devices", type=int, default=10, help="devices held in `changes` and `restarts`")
     parser.add_argument("--kubelet", help=argparse.SUPPRESS)
     parser.add_argument("--sender", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -310,6 +312,7 @@ def main() -> int:
     if args.child:
         child_main(*args.child, args.spy, args.queue)
         return 0
+    os.environ["PROFILE_PLUGIN_DEVICES"] = str(args.devices)  # the children inherit it
     trees = {"new": REPO} | ({"old": args.old.resolve()} if args.old else {})
     phases = args.phases.split(",")
     figures: dict[tuple[str, str], list[dict[str, float]]] = collections.defaultdict(list)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -267,7 +267,7 @@ class Endpoint:
             self._report_fit()
             LOG.info(
                 "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
-                unhealthy=physical.count(constants.UNHEALTHY), seq=seq, dir_present=dir_present,
+                unhealthy=health_counts(physical)[constants.UNHEALTHY], seq=seq, dir_present=dir_present,
             )  # fmt: skip
         self.apply(reg.DevicesSeen(), now)
 
@@ -301,7 +301,7 @@ class Endpoint:
             registered=state.phase is reg.Phase.REGISTERED,
             endpoint=os.path.basename(self.socket_path) if self.socket_path else "",
             devices=len(advertised),
-            healthy=advertised.memo("healthy", lambda s: s.count(constants.HEALTHY)),  # published per event
+            healthy=health_counts(advertised)[constants.HEALTHY],
             streams=state.live_streams(),
             open_streams=state.all_streams(),
             since=self.since,
@@ -313,6 +313,12 @@ class Endpoint:
             kubelet=state.kubelet_identity,
             pre_start_required=self.pre_start_required,
         )
+
+
+def health_counts(devices: DeviceSet) -> Counter[str]:
+    """Devices per health, counted once per set: published after every event, and the advertised
+    set is the physical one itself whenever it needs no replicas and no cut."""
+    return devices.memo("health_counts", lambda s: Counter(d.health for d in s))
 
 
 def withdraw(
