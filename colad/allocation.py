@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -28,6 +28,7 @@ EXACT_NUMA_SEARCH_LIMIT = 8
 # Allocate's CDI answer (the config key `cdi`): "both" = the classic answer plus a CDI name per
 # device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
 CDI_MODES = ("both", "only", "off")
+CDI_NAMING = CDI_MODES[:2]  # the modes that name colad's CDI devices
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,16 @@ class ContainerAllocation:
     mounts: tuple[Mount, ...] = ()
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    cdi_unlisted: tuple[str, ...] = ()  # would have had a CDI name, but the spec written does not list them
 
 
 def allocate(
-    devices: DeviceSet, requested: Sequence[str], *, resource_name: str = "", cdi_mode: str = "off"
+    devices: DeviceSet,
+    requested: Sequence[str],
+    *,
+    resource_name: str = "",
+    cdi_mode: str = "off",
+    cdi_listed: Container[str] | None = None,
 ) -> ContainerAllocation:
     """Validate one container request and say what the container gets.
 
@@ -63,7 +70,9 @@ def allocate(
     `<resource_name>=<id>`, first among the CDI names. With "only", such a device contributes
     its CDI name in place of its device nodes, mounts and envs (the spec carries them); COLA_*,
     annotations and the device files' own cdi_devices stay, and a device without a CDI name
-    keeps the classic answer. The path-conflict check covers every device either way.
+    keeps the classic answer. `cdi_listed` (None: not known) are the names the spec file really
+    lists (cdi.SpecReader): a device it does not list gets the classic answer in either mode,
+    and is named in `cdi_unlisted`. The path-conflict check covers every device either way.
     """
     if not requested:
         raise AllocationError("container request names no devices")
@@ -90,8 +99,9 @@ def allocate(
                     f"devices {held[1]!r} and {device.device_id!r} need different entries "
                     f"for container path {entry.container_path!r}"
                 )
-    own_cdi = {d.device_id: cdi.device_name(resource_name, d.device_id) for d in chosen if _in_spec(resource_name, d)}
-    own_cdi = own_cdi if cdi_mode in ("both", "only") else {}
+    in_spec = [d.device_id for d in chosen if cdi_mode in CDI_NAMING and _in_spec(resource_name, d)]
+    own_cdi = {i: cdi.device_name(resource_name, i) for i in in_spec if cdi_listed is None or i in cdi_listed}
+    unlisted = tuple(i for i in in_spec if i not in own_cdi)
     classic = [d for d in chosen if cdi_mode != "only" or d.device_id not in own_cdi]
     # The classic devices' entries, identical ones once (the check above made one entry per path).
     entries = list(dict.fromkeys(e for d in classic for e in (*d.device_nodes, *d.mounts)))
@@ -108,6 +118,7 @@ def allocate(
         mounts=tuple(e for e in entries if isinstance(e, Mount)),
         annotations=_merge(d.annotations for d in chosen),
         cdi_devices=tuple(dict.fromkeys([*own_cdi.values(), *(name for d in chosen for name in d.cdi_devices)])),
+        cdi_unlisted=unlisted,
     )
 
 

@@ -4,6 +4,8 @@ build() turns one resource's advertised device set into a Container Device Inter
 (kind = the resource name, one device per advertised ID, replicas included) and picks the
 lowest cdiVersion that carries it; it is pure. SpecWriter is the thin shell: an atomic
 write + rename into the spec directory (default /var/run/cdi), and a removal on stop.
+SpecReader is the plugin's side: which devices the spec file really lists, so Allocate names
+only those (a spec discovery could not write names nothing a runtime could resolve).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import functools
 import json
 import os
 import re
+import stat
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,3 +226,99 @@ class SpecWriter:
         except FileNotFoundError:
             return False
         return True
+
+
+# colad writes about 120 bytes a device; a file far larger than any spec of its own is not read.
+MAX_SPEC_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What the spec file of one resource lists: the device names, or why it lists none.
+
+    `reason` is a short label (metrics, logs): "" when the file is the resource's spec,
+    else missing, unreadable, invalid or other_kind; `problem` says it in words.
+    """
+
+    names: frozenset[str] = frozenset()
+    reason: str = ""
+    problem: str = ""
+
+
+def parse_listed(data: bytes, kind: str) -> Listed:
+    """The device names of a spec file's bytes, if it is a CDI spec of `kind`. Pure; never raises."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return Listed(reason="invalid", problem=f"not valid JSON: {str(exc)[:120]}")
+    if not isinstance(document, dict):
+        return Listed(reason="invalid", problem="not a JSON object")
+    if document.get("kind") != kind:
+        return Listed(reason="other_kind", problem=f"its kind is {str(document.get('kind'))[:80]!r}, not {kind!r}")
+    entries = document.get("devices")
+    if not isinstance(entries, list):
+        return Listed(reason="invalid", problem="it has no device list")
+    names = (e.get("name") for e in entries if isinstance(e, dict))
+    return Listed(frozenset(n for n in names if isinstance(n, str)))
+
+
+class SpecReader:
+    """Reads the spec file of a resource in a spec directory, again only when the file changed.
+
+    A read is cached under the file's (st_dev, st_ino, st_size, st_mtime_ns): SpecWriter renames
+    every new spec into place (a new inode), so a cache hit costs one stat. Called from gRPC
+    threads: the cache is one dict whose entries are replaced whole.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[int, int, int, int], Listed]] = {}
+        self.reads = 0  # files read and parsed (the cache misses)
+
+    def read(self, spec_dir: str, resource_name: str) -> Listed:
+        if not spec_dir:
+            return Listed(reason="missing", problem="no cdi_spec_dir is configured")
+        path = os.path.join(spec_dir, file_name(resource_name))
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return Listed(reason="missing", problem=f"{path} does not exist")
+        except (OSError, ValueError) as exc:
+            return Listed(reason="unreadable", problem=f"{path}: {exc}")
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == _key(st):
+            return cached[1]
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SPEC_BYTES:
+            return Listed(reason="invalid", problem=f"{path} is not a file of at most {MAX_SPEC_BYTES} bytes")
+        try:
+            with open(path, "rb", opener=_nonblocking) as f:  # the key of what was read, not of the stat before
+                st = os.fstat(f.fileno())
+                data = f.read(MAX_SPEC_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
+                listed = parse_listed(data, resource_name)
+        except OSError as exc:
+            return Listed(reason="unreadable", problem=f"{path}: {exc.strerror or exc}")
+        self.reads += 1
+        self._cache[path] = (_key(st), listed)
+        return listed
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    # A FIFO renamed into place between the stat and the open must not hang an Allocate.
+    return os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FallbackNotes:
+    """Whether Allocate's CDI fallback changed reason since it was last noted (one log line, one
+    count per change, not one per Allocate); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def changed(self, reason: str) -> bool:
+        with self._lock:
+            before, self.reason = self.reason, reason
+        return before != reason

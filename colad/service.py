@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from colad import allocation, constants, log, prestart
+from colad import allocation, cdi, constants, log, prestart
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.device_list import fit_list, to_response
@@ -151,6 +151,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> None:
         self.broadcast = broadcast
         self.cdi_mode, self.cdi_spec_dir = cdi_mode, cdi_spec_dir
+        self.cdi_specs, self.cdi_notes = cdi.SpecReader(), cdi.FallbackNotes()
         self.prepare = prepare
         self.options = plugin_options(pre_start_required)
         self.metrics = metrics
@@ -197,8 +198,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if not request.container_requests:
                     raise AllocationError("Allocate request has no container requests")
                 mode = self.cdi_mode()
+                # Named by CDI only if the spec discovery wrote lists it (one stat while it is unchanged).
+                listed = (
+                    self.cdi_specs.read(self.cdi_spec_dir(), self.resource) if mode in allocation.CDI_NAMING else None
+                )
+                names = None if listed is None else listed.names
                 results = [
-                    allocation.allocate(devices, list(c.devices_ids), resource_name=self.resource, cdi_mode=mode)
+                    allocation.allocate(
+                        devices, list(c.devices_ids), resource_name=self.resource, cdi_mode=mode, cdi_listed=names
+                    )
                     for c in request.container_requests
                 ]
             except AllocationError as exc:
@@ -212,6 +220,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 LOG.warning("allocate refused", resource=self.resource, reason=str(exc), check=check)
                 context.abort(code, str(exc))
             response = pb.AllocateResponse(container_responses=[to_container_response(r) for r in results])
+            if listed is not None:
+                self._note_cdi(listed, results, check)
             for result in results:
                 if check:
                     self.metrics.check_allocations.inc()
@@ -229,6 +239,27 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return response
         finally:
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
+
+    def _note_cdi(self, listed: cdi.Listed, results: list[allocation.ContainerAllocation], check: bool) -> None:
+        """One line and one count when the CDI fallback starts or changes reason, one when it ends."""
+        unlisted = [i for r in results for i in r.cdi_unlisted]
+        named = any(n.startswith(f"{self.resource}=") for r in results for n in r.cdi_devices)
+        if not unlisted and not named:
+            return  # no device that could have a CDI name: nothing learnt about the spec
+        reason = (listed.reason or "not_listed") if unlisted else ""
+        if not self.cdi_notes.changed(reason):
+            return
+        if not reason:
+            LOG.info("CDI spec lists the devices again: named by CDI", resource=self.resource)
+            return
+        problem = listed.problem or "the spec does not list them"
+        LOG.warning(
+            "devices not in colad's CDI spec: answered without CDI names", resource=self.resource, reason=reason,
+            problem=problem, devices=",".join(unlisted[:8]), check=check,
+        )  # fmt: skip
+        counter = getattr(self.metrics, "cdi_fallbacks", None)  # metrics.py's, once it has the family
+        if counter is not None and not check:
+            counter.labels(self.resource, reason).inc()
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

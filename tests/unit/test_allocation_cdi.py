@@ -85,6 +85,34 @@ def test_no_cdi_names_when_the_resource_is_not_a_cdi_kind() -> None:
     assert result.cdi_devices == () and result.device_nodes == (NODE,)
 
 
+# mode, what the spec file lists, requested -> (cdi_devices, device_nodes, FW env, cdi_unlisted)
+LISTED = [
+    pytest.param("both", {"cola1", "cola2"}, ["cola1", "cola2"],
+                 ((f"{R}=cola1", f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ()), id="both-all-listed"),
+    pytest.param("both", {"cola2"}, ["cola1", "cola2"],
+                 ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ("cola1",)), id="both-one-unlisted"),
+    pytest.param("only", {"cola2"}, ["cola1", "cola2"],
+                 ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1", ("cola1",)), id="only-unlisted-is-classic"),
+    pytest.param("only", set(), ["cola1", "cola2"],
+                 (("vendor.com/gpu=0",), (NODE,), "1,2", ("cola1", "cola2")), id="only-no-spec-is-all-classic"),
+    pytest.param("only", set(), ["cola3-"], ((), (), None, ()), id="a-device-outside-any-spec-is-not-unlisted"),
+    pytest.param("off", set(), ["cola1"], ((), (NODE,), "1", ()), id="off-asks-no-spec"),
+    pytest.param("only", {"cola4::0"}, ["cola4::1", "cola4::0"],
+                 ((f"{R}=cola4::0",), (), None, ("cola4::1",)), id="only-replicas-by-their-own-names"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode, listed, requested, expected", LISTED)
+def test_only_devices_the_spec_lists_are_named_by_cdi(
+    mode: str, listed: set[str], requested: list[str], expected: tuple[object, ...]
+) -> None:
+    result = allocate(SET, requested, resource_name=R, cdi_mode=mode, cdi_listed=frozenset(listed))
+    got = (result.cdi_devices, result.device_nodes, result.envs.get("FW"), result.cdi_unlisted)
+    assert got == expected
+    # Unknown (None) is the answer as before: every device with a CDI name is named.
+    assert allocate(SET, requested, resource_name=R, cdi_mode=mode).cdi_unlisted == ()
+
+
 @pytest.mark.parametrize("mode", ["off", "both", "only"])
 def test_refusals_do_not_depend_on_the_mode(mode: str) -> None:
     clash = replace(SET.by_id["cola2"], device_nodes=(DeviceNode("/dev/other", "/dev/cola1"),))

@@ -343,3 +343,75 @@ def test_writer_leaves_no_temporary_when_the_rename_fails(tmp_path: Path) -> Non
     with pytest.raises(OSError):
         writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([Device("a")])))
     assert os.listdir(spec_dir) == ["colad-myway5.com-cola.json"]
+
+
+# --- the reader (Allocate's side) ------------------------------------------------------------------
+
+
+def test_reader_lists_what_the_writer_wrote(tmp_path: Path) -> None:
+    writer, reader = cdi.SpecWriter(str(tmp_path)), cdi.SpecReader()
+    writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([FULL, Device("cola2-")])))
+    listed = reader.read(str(tmp_path), RESOURCE)
+    assert listed == cdi.Listed(frozenset({"cola1"}))  # "cola2-" ends in no CDI name character: not in the spec
+    writer.write(RESOURCE, cdi.build(RESOURCE, replicate(DeviceSet.of([FULL]), 2)))  # renamed over: a new inode
+    assert reader.read(str(tmp_path), RESOURCE).names == {"cola1::0", "cola1::1"} and reader.reads == 2
+
+
+def test_reader_reads_a_file_again_only_when_it_changed(tmp_path: Path) -> None:
+    writer, reader = cdi.SpecWriter(str(tmp_path)), cdi.SpecReader()
+    writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([Device("cola1")])))
+    for _ in range(5):
+        assert reader.read(str(tmp_path), RESOURCE).names == {"cola1"}
+    assert reader.reads == 1  # the stat matched: cache hits
+    path = Path(writer.path(RESOURCE))
+    data = path.read_bytes().replace(b'"cola1"', b'"cola9"')
+    path.write_bytes(data)  # same inode and size; a new mtime
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))
+    assert reader.read(str(tmp_path), RESOURCE).names == {"cola9"} and reader.reads == 2
+
+
+def write_spec(tmp_path: Path, data: bytes | str) -> None:
+    (tmp_path / cdi.file_name(RESOURCE)).write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+@pytest.mark.parametrize(
+    "data, reason, problem",
+    [
+        (None, "missing", "does not exist"),
+        ("{", "invalid", "not valid JSON"),
+        (b"\xff\xfe", "invalid", "not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "invalid", "not valid JSON"),  # nested past the recursion limit
+        ("[]", "invalid", "not a JSON object"),
+        ('{"cdiVersion": "0.3.0", "kind": "other.com/gpu", "devices": [{"name": "cola1"}]}', "other_kind", "other"),
+        ('{"kind": 7}', "other_kind", "its kind is '7'"),
+        ('{"kind": "myway5.com/cola", "devices": {"cola1": {}}}', "invalid", "no device list"),
+    ],
+)
+def test_reader_says_why_a_file_lists_no_device(
+    tmp_path: Path, data: bytes | str | None, reason: str, problem: str
+) -> None:
+    if data is not None:
+        write_spec(tmp_path, data)
+    listed = cdi.SpecReader().read(str(tmp_path), RESOURCE)
+    assert listed.names == frozenset() and listed.reason == reason and problem in listed.problem, listed
+
+
+def test_reader_device_absent_and_odd_entries(tmp_path: Path) -> None:
+    devices = [{"name": "cola1", "containerEdits": {}}, {"name": 3}, "cola2", {}, {"name": "cola3"}]
+    write_spec(tmp_path, json.dumps({"cdiVersion": "0.3.0", "kind": RESOURCE, "devices": devices}))
+    listed = cdi.SpecReader().read(str(tmp_path), RESOURCE)
+    assert listed == cdi.Listed(frozenset({"cola1", "cola3"})) and "cola2" not in listed.names
+
+
+def test_reader_of_no_directory_a_directory_in_the_way_and_an_unreadable_dir(tmp_path: Path) -> None:
+    assert cdi.SpecReader().read("", RESOURCE).reason == "missing"
+    (tmp_path / cdi.file_name(RESOURCE)).mkdir()
+    assert cdi.SpecReader().read(str(tmp_path), RESOURCE).reason == "invalid"
+    assert cdi.SpecReader().read(str(tmp_path / "nowhere\x00"), RESOURCE).reason == "unreadable"
+
+
+def test_fallback_notes_change_once_per_reason() -> None:
+    notes = cdi.FallbackNotes()
+    assert [notes.changed(r) for r in ("", "missing", "missing", "invalid", "", "")] == [
+        False, True, False, True, True, False,
+    ]  # fmt: skip
