@@ -14,13 +14,16 @@ from colad.constants import MAX_DEVICE_STRING_BYTES, RESERVED_ENV_PREFIX
 from colad.names import is_dns1123_subdomain, is_qualified_name
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# CDI names "vendor/class=name" (container-device-interface pkg/parser): vendor and class start
-# with a letter and end with a letter or digit; the name starts and ends with a letter or digit.
-# The class takes no '.', the rule of the older CDI releases, so every runtime accepts it.
-_CDI_NAME = re.compile(
-    r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?/[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?"
-    r"=[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z"
-)
+# CDI's names, the one definition (cdi.py's spec kinds and device names, device files' cdi_devices):
+# "vendor/class=name", split at the first '/' and the first '=' (container-device-interface
+# pkg/parser/parser.go: ParseQualifiedName, ValidateVendorName, ValidateClassName,
+# ValidateDeviceName). Vendor and class start with a letter and end with a letter or digit; the
+# vendor holds A-Z a-z 0-9 _ - . between, the class A-Z a-z 0-9 _ - (a '.' in the class only from
+# CDI 0.6.0 on, in specs of cdiVersion 0.6.0, which podman 4.3 ignores: every release takes the
+# name without). A device name starts and ends with a letter or digit, A-Z a-z 0-9 _ - . : between.
+CDI_VENDOR = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
+CDI_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?\Z")
+CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 
 def show(value: object, limit: int = 60) -> str:
@@ -109,6 +112,9 @@ def command_problem(command: tuple[str, ...]) -> str | None:
 
 def cdi_name_problem(name: str) -> str | None:
     """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
-    if len(name) > MAX_DEVICE_STRING_BYTES or not _CDI_NAME.match(name):
+    qualifier, _, device = name.partition("=")
+    vendor, _, cls = qualifier.partition("/")
+    usable = CDI_VENDOR.match(vendor) and CDI_CLASS.match(cls) and CDI_DEVICE_NAME.match(device)
+    if len(name) > MAX_DEVICE_STRING_BYTES or not usable:
         return f"{show(name)} is not a fully qualified CDI name vendor.com/class=name"
     return None
