@@ -371,12 +371,12 @@ def _devices(items: list[Any]) -> tuple[Device, ...]:
     return tuple(found)
 
 
-def decode(data: bytes) -> Message:
-    """Parse and validate one message; any defect raises MessageError."""
+def decode(data: bytes | memoryview) -> Message:
+    """Parse and validate one message (a view of the reader's buffer will do: no copy); MessageError if bad."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
     try:
-        body = json.loads(data.decode("utf-8"))
+        body = json.loads(str(data, "utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MessageError(f"not JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -182,13 +182,19 @@ class QueueServer:
                 return
             if len(conn.buffer) < HEADER.size + size:
                 return
-            payload = bytes(conn.buffer[HEADER.size : HEADER.size + size])
-            del conn.buffer[: HEADER.size + size]
-            try:
-                message = messages.decode(payload)
-            except MessageError as exc:
-                self._reject(conn, str(exc))
+            # Decoded in place: a frame may be as large as messages.MAX_MESSAGE_BYTES, and a copy of it
+            # (two, with a bytearray slice) would only raise the reader's peak. The views are
+            # released before the buffer moves on; an exception's frames must not keep them.
+            problem: str | None = None
+            with memoryview(conn.buffer) as whole, whole[HEADER.size : HEADER.size + size] as payload:
+                try:
+                    message = messages.decode(payload)
+                except MessageError as exc:
+                    problem = str(exc)
+            if problem is not None:
+                self._reject(conn, problem)
                 return
+            del conn.buffer[: HEADER.size + size]
             if self.tracker.accept(message, conn):
                 if isinstance(message, messages.DeviceSnapshot | messages.DeviceDelta):
                     outcome = self.receiver.apply(message, conn)

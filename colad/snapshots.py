@@ -70,8 +70,10 @@ def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = 
     """Keep `snapshot` (its seq is ignored) under `limit`: the largest devices turn Unhealthy until it fits.
 
     `sizes` holds device_wire_size of devices already measured. Only many large
-    files get there (each is at most 64 KiB); if even their bare entries cannot
-    fit, the last IDs are left out. Deterministic: the same set gives the same cut.
+    files get there (each is at most 64 KiB). Demoted devices say why (TOO_LARGE);
+    when that is still too much (many short devices with reasons), the largest
+    become a bare Unhealthy entry, and only when even those cannot fit are the
+    last IDs left out. Deterministic: the same set gives the same cut.
     """
     found = snapshot.devices
     wire = {d.device_id: sizes.get(d.device_id) or messages.device_wire_size(d) for d in found}
@@ -79,18 +81,19 @@ def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = 
     if total <= limit:
         return Fitted(found, size=total)
     kept = {d.device_id: d for d in found}
-    demoted: list[str] = []
-    for device_id in sorted(wire, key=lambda i: (-wire[i], i)):
-        if total <= limit:
-            break
-        bare = Device(device_id, UNHEALTHY, problem=TOO_LARGE)
-        smaller = messages.device_wire_size(bare)
-        if smaller >= wire[device_id]:
-            continue
-        kept[device_id] = bare
-        total -= wire[device_id] - smaller
-        wire[device_id] = smaller
-        demoted.append(device_id)
+    demoted: dict[str, None] = {}  # in order of demotion, each once
+    for said in (TOO_LARGE, ""):  # first with the reason; then, if still too large, as bare as can be
+        for device_id in sorted(wire, key=lambda i: (-wire[i], i)):
+            if total <= limit:
+                break
+            bare = Device(device_id, UNHEALTHY, problem=said)
+            smaller = messages.device_wire_size(bare)
+            if smaller >= wire[device_id]:
+                continue
+            kept[device_id] = bare
+            total -= wire[device_id] - smaller
+            wire[device_id] = smaller
+            demoted[device_id] = None
     dropped: list[str] = []
     for device_id in sorted(kept, reverse=True):
         if total <= limit:

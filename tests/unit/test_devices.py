@@ -344,6 +344,29 @@ def test_device_positional_fields_unchanged() -> None:
     assert not Device("a", UNHEALTHY, problem="x").bare
 
 
+def test_bare_names_every_field_that_is_on_the_wire() -> None:
+    """`bare` checks field by field: a field added to Device must be named there (or be local-only)."""
+    import dataclasses
+
+    local_only = {"device_id", "health", "probe"}  # the ID and health are the bare pair itself
+    for f in dataclasses.fields(Device):
+        if f.name in local_only:
+            continue
+        value: object = {
+            "numa_nodes": (0,),
+            "device_nodes": (DeviceNode("/dev/a", "/dev/a"),),
+            "mounts": (Mount("/a", "/a"),),
+            "envs": (("A", "b"),),
+            "annotations": (("a", "b"),),
+            "cdi_devices": ("x.com/y=z",),
+            "prepare": (),
+        }.get(f.name, "x")
+        device = dataclasses.replace(Device("a", UNHEALTHY), **{f.name: value})
+        assert not device.bare, f.name
+        assert dataclasses.replace(device, probe=None) != Device("a", UNHEALTHY)  # the old definition agrees
+    assert Device("a", UNHEALTHY, probe=("/bin/p",)).bare
+
+
 def test_device_node_and_mount_defaults() -> None:
     assert DeviceNode("/dev/a", "/dev/b").permissions == "rw"
     assert Mount("/a", "/b").read_only is True
