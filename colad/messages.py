@@ -17,15 +17,25 @@ from typing import Any
 
 from colad import devices
 from colad.config import resource_name_problem
-from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES
+from colad.constants import (
+    HEALTHY,
+    KUBELET_MAX_RECV_MESSAGE_BYTES,
+    MAX_DEVICE_LIST_ENTRIES,
+    MAX_DEVICE_MAP_ENTRIES,
+)
 from colad.device_rules import MAX_COMMAND_ARGS
 from colad.devices import Device, DeviceSet
 from colad.errors import MessageError
 
 WIRE_VERSION = 1
-# A snapshot of 10,000 devices with 63-character IDs is about 0.8 MB of JSON;
-# 4 MiB leaves room and still bounds what a peer can make us buffer.
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# The queue must carry any list the kubelet can take (#14). What the kubelet sees of a device is
+# its ID, health and NUMA nodes, and such a device's JSON entry is at most 2.45 times its
+# ListAndWatch protobuf entry (the worst: a 1-character Unhealthy ID on NUMA node 0, 49 bytes
+# against 20; a bare 1-character ID 16 against 14; tests/unit/test_wire_frames.py measures them).
+# So 3x the kubelet's 4 MiB: 226,600 short IDs (the kubelet's most) are 4.4 MiB here. File content
+# (paths, envs) beyond the frame is demoted by snapshots.fit_the_queue. A reader holds one frame.
+JSON_PER_PROTOBUF = 3
+MAX_MESSAGE_BYTES = JSON_PER_PROTOBUF * KUBELET_MAX_RECV_MESSAGE_BYTES  # 12 MiB
 # Counter names: "rescans.inotify", "queue.sent" ... a bounded, label-safe alphabet.
 _COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
 _DIGEST = re.compile(r"[0-9a-f]{16}\Z")
