@@ -20,6 +20,7 @@ from colad import constants, kubeletdir, statefile
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.config import Config
+from colad.devices import base_id
 from colad.statefile import PluginState, StateFileError
 
 # Sent on every call, so the plugin can keep check calls out of its allocation metrics.
@@ -49,6 +50,7 @@ class DeviceReport:
     health: str
     numa_nodes: list[int]
     allocate: AllocateResult | None = None
+    why: str = ""  # an Unhealthy device's reason, per the plugin's state file (its first 50 only)
 
 
 @dataclass
@@ -75,6 +77,17 @@ def resource_for(state: PluginState | None, endpoint: str) -> str:
     """The resource served on `endpoint` per the plugin's state file, else "unknown"."""
     served = state.by_endpoint(endpoint) if state is not None else None
     return served.name if served is not None and served.name else "unknown"
+
+
+def add_reasons(report: SocketReport, state: PluginState | None, endpoint: str) -> None:
+    """Give each Unhealthy device the reason the state file lists for it (replicas: their device's)."""
+    served = state.by_endpoint(endpoint) if state is not None else None
+    if served is None or not report.devices:
+        return
+    whys = {d.device_id: f"malformed device file: {d.reason}" if d.malformed else d.reason for d in served.sick.listed}
+    for device in report.devices:
+        if device.health != constants.HEALTHY:
+            device.why = whys.get(base_id(device.id), "")
 
 
 def device_problems(device: DeviceReport) -> list[str]:
@@ -146,6 +159,10 @@ def render(reports: list[SocketReport], reason: str) -> str:
             for d in r.devices:
                 numa = ",".join(str(n) for n in d.numa_nodes) or "-"
                 lines.append(f"  {d.id:<{width}}{d.health:<11}{numa:<6}{_allocate_text(d)}")
+                if d.why:  # escaped: a probe's output may hold terminal escapes
+                    lines.append(
+                        f"  {'':<{width}}why: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in d.why)
+                    )
         if r.preferred is not None:
             lines.append(f"preferred: size 1 -> {','.join(r.preferred) or '(none)'}")
         lines += [f"problem:   {p}" for p in r.problems] + [""]
@@ -319,6 +336,7 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
     for path in paths:
         report = SocketCheck(path, timeout).run()
         report.resource = resource_for(state, os.path.basename(path))
+        add_reasons(report, state, os.path.basename(path))
         reports.append(report)
     code, reason = judge(reports, where)
     if getattr(args, "json", False):

@@ -242,3 +242,28 @@ def test_status_prints_a_line_per_unhealthy_device() -> None:
         "unhealthy:  cola4: no reason given",
         "unhealthy:  ... and 12 more (the state file lists the first by ID)",
     ]
+
+
+def test_check_shows_why_each_unhealthy_device_is() -> None:
+    from colad import check
+
+    sick = statefile.SickList(
+        (statefile.SickDevice("cola2", "probe fan: stopped\x07"), statefile.SickDevice("b", "x", True))
+    )
+    state = PluginState(pid=3, resources=(ResourceState(name="x.io/y", endpoint="colad-1.sock", sick=sick),))
+    report = check.SocketReport(
+        "/k/colad-1.sock",
+        devices=[
+            check.DeviceReport("cola1", "Healthy", []),
+            check.DeviceReport("cola2::1", "Unhealthy", []),
+            check.DeviceReport("b", "Unhealthy", []),
+            check.DeviceReport("c", "Unhealthy", []),  # beyond the state file's 50: no reason known
+        ],
+    )
+    check.add_reasons(report, state, "colad-1.sock")
+    assert [d.why for d in report.devices or []] == ["", "probe fan: stopped\x07", "malformed device file: x", ""]
+    text = check.render([report], "ok")
+    assert "why: probe fan: stopped\\x07" in text and "why: malformed device file: x" in text
+    assert text.count("why:") == 2
+    check.add_reasons(report, state, "colad-9.sock")  # another socket's resource: nothing changes
+    assert report.devices is not None and report.devices[1].why == "probe fan: stopped\x07"
