@@ -39,6 +39,9 @@ SERVER_RESTART_REASONS = (
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
 # PreStartContainer: prepared, a prepare command failed or timed out, a device not advertised.
 PRE_START_RESULTS = ("success", "failed", "timeout", "not_found")
+# Allocate answers that named devices in the classic form because colad's CDI spec on disk did not list
+# them (cdi.SpecReader's reasons).
+CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_listed")
 PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
 
 
@@ -104,6 +107,12 @@ class Metrics:
             ["resource", "result"],
             registry=r,
         )
+        self.cdi_fallbacks = Counter(
+            "colad_cdi_fallbacks",
+            "Allocate answers that gave devices in the classic form, colad's CDI spec on disk not listing them.",
+            ["resource", "reason"],
+            registry=r,
+        )
         self.allocate_duration = Histogram(
             "colad_allocate_duration_seconds", "Time to answer Allocate.", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -159,6 +168,8 @@ class Metrics:
             self.registrations.labels(resource, result)
         for reason in SERVER_RESTART_REASONS:
             self.server_restarts.labels(resource, reason)
+        for reason in CDI_FALLBACK_REASONS:
+            self.cdi_fallbacks.labels(resource, reason)
         self.allocated_devices.labels(resource)
         self.device_set_changes.labels(resource)
         self.list_cut.labels(resource)
@@ -170,6 +181,7 @@ class Metrics:
             (self.pre_start_requests, [(resource, r) for r in PRE_START_RESULTS]),
             (self.registrations, [(resource, r) for r in ("success", "failure")]),
             (self.server_restarts, [(resource, r) for r in SERVER_RESTART_REASONS]),
+            (self.cdi_fallbacks, [(resource, r) for r in CDI_FALLBACK_REASONS]),
             (self.device_allocations, [(resource, d) for d in sorted(self._device_ids.pop(resource, set()))]),
         ):
             for labels in values:

@@ -241,12 +241,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
 
     def _note_cdi(self, listed: cdi.Listed, results: list[allocation.ContainerAllocation], check: bool) -> None:
-        """One line and one count when the CDI fallback starts or changes reason, one when it ends."""
+        """Count each answer that fell back to the classic form; one line per change of reason, one when it ends."""
         unlisted = [i for r in results for i in r.cdi_unlisted]
         named = any(n.startswith(f"{self.resource}=") for r in results for n in r.cdi_devices)
         if not unlisted and not named:
             return  # no device that could have a CDI name: nothing learnt about the spec
         reason = (listed.reason or "not_listed") if unlisted else ""
+        if reason and not check:
+            self.metrics.cdi_fallbacks.labels(self.resource, reason).inc()
         if not self.cdi_notes.changed(reason):
             return
         if not reason:
@@ -257,9 +259,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             "devices not in colad's CDI spec: answered without CDI names", resource=self.resource, reason=reason,
             problem=problem, devices=",".join(unlisted[:8]), check=check,
         )  # fmt: skip
-        counter = getattr(self.metrics, "cdi_fallbacks", None)  # metrics.py's, once it has the family
-        if counter is not None and not check:
-            counter.labels(self.resource, reason).inc()
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

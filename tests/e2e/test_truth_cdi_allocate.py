@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from colad import cdi
+from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.service import ColadService
@@ -31,6 +32,10 @@ def service(short_tmp: Path) -> Iterator[ColadService]:
     yield colad
     rc = colad.stop()
     assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def fallbacks(colad: ColadService, reason: str) -> float | None:
+    return sample(colad, f'colad_cdi_fallbacks_total{{reason="{reason}",resource="{RESOURCE}"}}')
 
 
 def device_file(share: Path, mode: str) -> str:
@@ -59,6 +64,7 @@ def test_cdi_names_only_for_devices_the_written_spec_lists(
         return {k: got[k] for k in ("envs", "mounts", "cdi_devices")}
 
     assert answer() == by_cdi
+    assert fallbacks(service, "missing") == 0.0
 
     # The spec deleted behind colad's back: nothing a runtime could resolve the name with.
     spec_path.unlink()
@@ -66,6 +72,7 @@ def test_cdi_names_only_for_devices_the_written_spec_lists(
     assert answer() == classic
     lines = service.wait_log(FALLBACK, timeout=30)
     assert len(lines) == 1 and "reason=missing" in lines[0] and "devices=cola0" in lines[0], lines
+    assert fallbacks(service, "missing") == 2.0  # each answer counted, the line said once
 
     # A change makes discovery write the spec again: named by CDI again, and said once.
     (service.device_dir / "cola0").write_text(device_file(share, "slow"))
@@ -84,6 +91,7 @@ def test_cdi_names_only_for_devices_the_written_spec_lists(
     assert got["cdi_devices"] == [] and got["envs"]["MODE"] == "new" and len(got["mounts"]) == 1, got
     lines = service.wait_log(FALLBACK, timeout=30, count=2)
     assert len(lines) == 2 and "reason=unreadable" in lines[1] and "devices=cola1" in lines[1], lines
+    assert fallbacks(service, "unreadable") == 1.0
 
     # The directory usable again: the next change writes the spec, and both devices are named by CDI.
     spec_dir.unlink()
@@ -93,3 +101,4 @@ def test_cdi_names_only_for_devices_the_written_spec_lists(
     wait_until(lambda: kubelet.allocate(["cola1", "cola0"])["cdi_devices"] == want, 30, "both named by CDI")
     assert len(service.log_lines("CDI spec lists the devices again")) == 2
     assert len(service.log_lines(FALLBACK)) == 2
+    assert (fallbacks(service, "missing"), fallbacks(service, "not_listed")) == (2.0, 0.0)
