@@ -234,7 +234,10 @@ def device_from_wire(obj: object) -> Device:
     if isinstance(obj, list):
         if not (len(obj) == 2 and all(isinstance(x, str) for x in obj)):
             raise ValueError("device entry is not [id, health] or an object")
-        obj = {"id": obj[0], "health": obj[1]}
+        # The bare pair is most of a large snapshot: an ID and a health are all there is to check.
+        if obj[1] in devices.HEALTH_VALUES and devices.id_problem(obj[0]) is None:
+            return Device(obj[0], obj[1])
+        obj = {"id": obj[0], "health": obj[1]}  # a defect: the general path names it
     if not isinstance(obj, dict):
         raise ValueError("device entry is not [id, health] or an object")
     unknown = obj.keys() - _WIRE_KEYS
