@@ -113,9 +113,9 @@ def test_a_slow_device_file_does_not_stall_the_others(colad: ColadService, kubel
 
 
 def test_non_ascii_content_over_the_queue_frame(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """Finding 5: 30 files of 'é' (180 KB each as ASCII JSON) exceed the 4 MiB frame; no crash loop."""
+    """Finding 5: 80 files of 'é' (180 KB each as ASCII JSON) exceed the 12 MiB frame; no crash loop."""
     body = "[annotations]\n" + "".join(f'"example.com/k{i}" = "{"é" * 2000}"\n' for i in range(15))
-    heavy = {f"heavy{n:02d}" for n in range(30)}
+    heavy = {f"heavy{n:02d}" for n in range(80)}
     for name in sorted(heavy):
         (colad.device_dir / name).write_text(body)
     colad.add("marker")

@@ -638,16 +638,16 @@ def test_a_snapshot_too_large_for_the_queue_demotes_the_largest_files_only(
 ) -> None:
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
-    # 80 files of ~60 KiB of envs: about 4.8 MB of content, over the 4 MiB frame limit.
+    # 240 files of ~60 KiB of envs: about 14.4 MB of content, over the 12 MiB frame limit.
     big = "[envs]\n" + "".join(f'K{i} = "{"v" * 460}"\n' for i in range(127))
-    for n in range(80):
-        (device_dir / f"big-{n:02d}").write_text(big)
+    for n in range(240):
+        (device_dir / f"big-{n:03d}").write_text(big)
     touch(device_dir / "small")
     discovery, _, inbox = started(cfg, serve, runners)
     wait_until(lambda: bool(inbox.of(DeviceSnapshot)), 10, "a snapshot")
     snapshot = inbox.of(DeviceSnapshot)[-1]
-    assert len(snapshot.devices) == 81 and snapshot.devices.get("small") is not None
+    assert len(snapshot.devices) == 241 and snapshot.devices.get("small") is not None
     demoted = [d for d in snapshot.devices if "queue message limit" in d.problem]
     assert demoted and all(not d.healthy for d in demoted)
     assert len(encode(snapshot)) <= MAX_MESSAGE_BYTES
-    assert sum(d.healthy for d in snapshot.devices) == 81 - len(demoted)
+    assert sum(d.healthy for d in snapshot.devices) == 241 - len(demoted)

@@ -125,13 +125,13 @@ def test_non_ascii_content_over_the_frame_limit_is_cut_counted_and_sent(
     device_dir = Path(cfg.device_dir)
     device_dir.mkdir()
     # 60 KiB files of "é": 2 bytes each on disk, 6 in the queue's JSON ("\u00e9"), so 180 KB per device
-    # and 30 devices 5.4 MB, over the 4 MiB frame although the files add up to 1.8 MB.
+    # and 80 devices 14.4 MB, over the 12 MiB frame although the files add up to 4.8 MB.
     body = "[annotations]\n" + "".join(f'"example.com/k{i}" = "{"é" * 2000}"\n' for i in range(15))
-    for n in range(30):
+    for n in range(80):
         (device_dir / f"cola{n:02d}").write_text(body)
     (device_dir / "plain").write_text("")
     discovery, inbox = start(cfg, serve, runners)
-    got = wait_snapshot(inbox, lambda s: len(s.devices) == 31, "a snapshot of all 31 devices")
+    got = wait_snapshot(inbox, lambda s: len(s.devices) == 81, "a snapshot of all 81 devices")
     assert len(encode(got)) <= MAX_MESSAGE_BYTES
     cut = [d for d in got.devices if d.problem.startswith("snapshot too large")]
     assert cut and all(d.health == UNHEALTHY for d in cut)

@@ -238,12 +238,12 @@ def test_snapshot_size_is_exact(seed: int) -> None:
 
 
 def test_non_ascii_content_is_measured_not_estimated() -> None:
-    """Finding 5: 60 KiB of 'é' per device is 360 KiB of JSON; twelve of them exceed 4 MiB."""
+    """Finding 5: 60 KiB of 'é' per device is 360 KiB of JSON; forty of them exceed the 12 MiB frame."""
     heavy = Device(
         "heavy", envs=(("K", "é" * 4000),) * 1, annotations=tuple((f"example.com/k{i}", "é" * 4000) for i in range(15))
     )
     found = DeviceSet.of(
-        [Device(f"cola{i:02d}", **{f: getattr(heavy, f) for f in ("envs", "annotations")}) for i in range(12)]
+        [Device(f"cola{i:02d}", **{f: getattr(heavy, f) for f in ("envs", "annotations")}) for i in range(40)]
         + [Device("plain")]
     )
     snapshot = messages.DeviceSnapshot(1, 1, found)
