@@ -19,7 +19,7 @@ import grpc
 from colad import allocation, cdi, constants, log, prestart
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.device_list import fit_list, to_response
+from colad.device_list import encoded_list, fit_list, to_response
 from colad.devices import DeviceSet
 from colad.errors import AllocationError
 from colad.metrics import Metrics
@@ -53,9 +53,10 @@ def plugin_options(pre_start_required: bool) -> pb.DevicePluginOptions:
 class DeviceBroadcast:
     """The device set every ListAndWatch stream follows; thread-safe.
 
-    `update` bumps a version only when the set really changed, and streams send
-    the newest set whenever the version moved since their last send, so a burst
-    of changes coalesces into as few messages as the stream can take.
+    `update` bumps a version only when the list the kubelet sees changed (IDs, health,
+    topology: a new env or a probe's new reason reaches Allocate, not the streams), and
+    streams send the newest set whenever the version moved since their last send, so a
+    burst of changes coalesces into as few messages as the stream can take.
     """
 
     def __init__(self) -> None:
@@ -73,9 +74,11 @@ class DeviceBroadcast:
         with self._cond:
             if devices == self._devices:
                 return False
+            visible = encoded_list(devices) != encoded_list(self._devices)  # cached on each set
             self._devices = devices
-            self._version += 1
-            self._cond.notify_all()
+            if visible:
+                self._version += 1
+                self._cond.notify_all()
             return True
 
     def close_generation(self, generation: int) -> None:

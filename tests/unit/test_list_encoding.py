@@ -17,6 +17,7 @@ from colad import device_list
 from colad.api import deviceplugin_pb2 as pb
 from colad.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
+from colad.service import DeviceBroadcast
 
 SEEDS = range(40)
 
@@ -146,3 +147,21 @@ def test_replicas_are_kept_on_the_physical_device_and_follow_the_replica_count()
         assert device_list.encoded_list(fitted.devices) == _plain(replicate(physical, replicas))
     again = device_list.fit_list(physical, 2).devices
     assert all(x is y for x, y in zip(again, device_list.fit_list(physical, 2).devices, strict=True))
+
+
+def test_the_broadcast_wakes_streams_only_for_what_the_kubelet_sees() -> None:
+    """A new env or a probe's new reason reaches Allocate (broadcast.devices) without a resend."""
+    broadcast = DeviceBroadcast()
+    sick = Device("cola0", UNHEALTHY, reason="probe p: temperature 81")
+    assert broadcast.update(DeviceSet.of([sick, Device("cola1")]))
+    version, _ = broadcast.snapshot()
+    hotter = replace(sick, reason="probe p: temperature 82", envs=(("MODE", "hot"),))
+    assert broadcast.update(DeviceSet.of([hotter, Device("cola1")]))
+    assert broadcast.snapshot() == (version, DeviceSet.of([hotter, Device("cola1")]))
+    assert not broadcast.update(DeviceSet.of([hotter, Device("cola1")]))
+    for visible in (replace(hotter, health=HEALTHY, reason=""), replace(hotter, numa_nodes=(0,))):
+        assert broadcast.update(DeviceSet.of([visible, Device("cola1")]))
+        assert broadcast.snapshot()[0] == version + 1
+        version += 1
+    assert broadcast.update(DeviceSet.of([Device("cola1")]))
+    assert broadcast.snapshot()[0] == version + 1
