@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colad import constants, log
+from colad import constants, log, prestart
 from colad import registration as reg
 from colad.config import Resource
 from colad.device_list import FittedList, fit_list
@@ -27,7 +27,7 @@ from colad.metrics import Metrics
 from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StreamChanged
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 from colad.socketpath import SocketRecord
-from colad.statefile import ListCut, ResourceState
+from colad.statefile import ListCut, ResourceState, SickList
 
 LOG = log.get(__name__)
 
@@ -97,6 +97,7 @@ class Endpoint:
         self.resource = resource
         self.name = resource.name
         self.broadcast = SentBroadcast()
+        self.ignored_prepares: tuple[str, ...] = ()  # devices whose own prepare never runs (warned once)
         self.sent: dict[int, int] = {}  # server generation -> the newest list version its streams sent
         # The options the current server was registered with: a reload that changes them registers again.
         self.pre_start_required = resource.pre_start_required
@@ -269,7 +270,18 @@ class Endpoint:
                 "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
                 unhealthy=health_counts(physical)[constants.UNHEALTHY], seq=seq, dir_present=dir_present,
             )  # fmt: skip
+            self._warn_ignored_prepares(physical)
         self.apply(reg.DevicesSeen(), now)
+
+    def _warn_ignored_prepares(self, physical: DeviceSet) -> None:
+        """A device's prepare runs only on a resource with one (registered with pre_start_required): say so once."""
+        ignored = prestart.ignored_prepares(self.resource.prepare, physical)
+        if ignored and ignored != self.ignored_prepares:
+            LOG.warning(
+                "device prepare ignored: the resource has no prepare, so the kubelet never calls PreStartContainer",
+                resource=self.name, devices=len(ignored), first=ignored[0],
+            )  # fmt: skip
+        self.ignored_prepares = ignored
 
     def _report_fit(self) -> None:
         fit, metrics = self.fit, self.ctx.metrics
@@ -312,6 +324,7 @@ class Endpoint:
             list_sent=self.list_current() and state.live_streams() > 0,
             kubelet=state.kubelet_identity,
             pre_start_required=self.pre_start_required,
+            sick=SickList.of(advertised),
         )
 
 

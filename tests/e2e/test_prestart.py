@@ -159,6 +159,11 @@ def test_a_device_prepare_without_a_resource_prepare_requires_nothing(short_tmp:
         kubelet.wait_devices(BASE, timeout=30)
         assert kubelet.wait_registered(timeout=30).options == (False, True) and kubelet.options() == (False, True)
         assert not (out / "calls").exists()
+        warned = colad.wait_log("device prepare ignored", timeout=30)
+        assert len(warned) == 1 and "devices=1 first=peisicola" in warned[0], warned
+        (colad.device_dir / "fanta").write_text("")  # another change: the same ignored set, no new line
+        kubelet.wait_devices(BASE | {"fanta"}, timeout=30)
+        assert len(colad.log_lines("device prepare ignored")) == 1
     finally:
         rc = colad.stop()
     assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
