@@ -156,6 +156,9 @@ def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:
         f"both plugins on Python {meta['python']}, grpcio {meta['grpcio']}, protobuf {meta['protobuf']}, "
         f"supervisor {meta['supervisor']}; {meta['interpreter']}"
     )
+    colad_env = meta.get("parameters", {}).get("colad_env")
+    if colad_env:
+        head += "\ncolad's processes with " + " ".join(f"{k}={v}" for k, v in sorted(colad_env.items()))
     sections = [head, table(results), scale.table(results), memory_table(results), cpu_table(results)]
     sections.append(idle_table(results))
     return "\n\n".join(sections + [budgets(verdicts)])

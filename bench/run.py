@@ -64,7 +64,10 @@ class CpuMeter:
 
 def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Both plugins at `args.devices` devices, measured alternately; then a burst each."""
-    subjects = [Subject(Colad(args.python), base / "colad"), Subject(Baseline(args.python), base / "baseline")]
+    subjects = [
+        Subject(Colad(args.python, args.colad_env), base / "colad"),
+        Subject(Baseline(args.python), base / "baseline"),
+    ]
     names = {f"cola-{i:02d}" for i in range(args.devices)}
     meter = CpuMeter(subjects, results)
     try:
@@ -245,8 +248,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=sys.executable,
         help="interpreter both plugins run on (default: this one); /usr/bin/python3 runs them on Debian's packages",
     )
+    parser.add_argument(
+        "--colad-env", action="append", default=[], metavar="NAME=VALUE",
+        help="an environment variable for colad's processes, e.g. COLAD_CDI=off to compare with a tree before CDI",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    bad = [item for item in args.colad_env if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        parser.error(f"--colad-env takes NAME=VALUE, not {bad[0]!r}")
+    args.colad_env = dict(item.split("=", 1) for item in args.colad_env)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
             (stage / str(i)).write_bytes(b"")
         made = count
         names = {str(i) for i in range(count)}
-        for plugin in (Colad(args.python), Baseline(args.python)):
+        for plugin in (Colad(args.python, args.colad_env), Baseline(args.python)):
             subject = Subject(plugin, base / f"{plugin.name}-{count}")
             subject.device_dir.rmdir()
             stage.rename(subject.device_dir)

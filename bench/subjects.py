@@ -60,14 +60,15 @@ class Colad:
 
     name = "colad"
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, extra_env: dict[str, str] | None = None) -> None:
         self.python = python
+        self.extra_env = {"COLAD_LOG_LEVEL": "INFO", **(extra_env or {})}  # run.py's --colad-env
         self.service: _BenchService | None = None
         self._starting: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def start(self, root: Path) -> None:
-        service = _BenchService(root, extra_env={"COLAD_LOG_LEVEL": "INFO"}, python=self.python)
+        service = _BenchService(root, extra_env=self.extra_env, python=self.python)
         self.service, self._error = service, None
 
         def run() -> None:  # start() blocks until supervisord says RUNNING (startsecs=1), asked after wait_ready()
