@@ -8,14 +8,12 @@ the *_size() functions let a sender meet exactly before it sends; nothing is unp
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from colad import devices
 from colad.config import resource_name_problem
 from colad.constants import (
     HEALTHY,
@@ -24,8 +22,13 @@ from colad.constants import (
     MAX_DEVICE_MAP_ENTRIES,
 )
 from colad.device_rules import MAX_COMMAND_ARGS
-from colad.devices import Device, DeviceSet
 from colad.errors import MessageError
+
+if TYPE_CHECKING:  # at run time bound by _load_model(), on the first device a process encodes or decodes
+    from hashlib import blake2b
+
+    from colad import devices
+    from colad.devices import Device, DeviceSet
 
 WIRE_VERSION = 1
 # The queue must carry any list the kubelet can take (#14). What the kubelet sees of a device is
@@ -40,6 +43,18 @@ MAX_MESSAGE_BYTES = JSON_PER_PROTOBUF * KUBELET_MAX_RECV_MESSAGE_BYTES  # 12 MiB
 _COUNTER_NAME = re.compile(r"[a-z][a-z_]{0,31}(\.[a-z][a-z_]{0,31})?\Z")
 _DIGEST = re.compile(r"[0-9a-f]{16}\Z")
 DIGEST_MOD = 1 << 64  # set_digest() is a sum of 64-bit device hashes
+_model_loaded = False
+
+
+def _load_model() -> None:
+    """Bind the device model and hashlib: kubelet-watch only encodes a KubeletState and never pays for them."""
+    global devices, Device, DeviceSet, blake2b, _model_loaded  # noqa: PLW0603 - a lazy import, bound once
+    from hashlib import blake2b
+
+    from colad import devices
+    from colad.devices import Device, DeviceSet
+
+    _model_loaded = True
 
 
 @dataclass(frozen=True)
@@ -231,6 +246,12 @@ def device_from_wire(obj: object) -> Device:
 
     Physical devices only: the ID must pass id_problem, so replica IDs are refused.
     """
+    if not _model_loaded:
+        _load_model()
+    return _from_wire(obj)
+
+
+def _from_wire(obj: object) -> Device:
     if isinstance(obj, list):
         if not (len(obj) == 2 and all(isinstance(x, str) for x in obj)):
             raise ValueError("device entry is not [id, health] or an object")
@@ -300,17 +321,27 @@ def device_wire_size(device: Device) -> int:
 
 def device_hash(device: Device) -> int:
     """A 64-bit hash of the device's wire entry: the same in every process (str hash() is not)."""
-    return int.from_bytes(hashlib.blake2b(device_entry(device), digest_size=8).digest(), "big")
+    if not _model_loaded:
+        _load_model()
+    return _hash(device)
+
+
+def _hash(device: Device) -> int:
+    return int.from_bytes(blake2b(device_entry(device), digest_size=8).digest(), "big")
 
 
 def set_digest(devices_: Iterable[Device]) -> int:
     """The digest of a set: the sum of its devices' hashes mod 2**64, so a change updates it in O(change)."""
-    return sum(device_hash(d) for d in devices_) % DIGEST_MOD
+    if not _model_loaded:
+        _load_model()
+    return sum(_hash(d) for d in devices_) % DIGEST_MOD
 
 
 def moved_digest(digest: int, gone: Iterable[Device], came: Iterable[Device]) -> int:
     """`digest` after the devices `gone` left the set and the devices `came` joined it."""
-    return (digest - sum(device_hash(d) for d in gone) + sum(device_hash(d) for d in came)) % DIGEST_MOD
+    if not _model_loaded:
+        _load_model()
+    return (digest - sum(_hash(d) for d in gone) + sum(_hash(d) for d in came)) % DIGEST_MOD
 
 
 # --- whole messages ------------------------------------------------------------------------
@@ -375,7 +406,7 @@ def _devices(items: list[Any]) -> tuple[Device, ...]:
     found = []
     for item in items:
         try:
-            found.append(device_from_wire(item))
+            found.append(_from_wire(item))
         except ValueError as exc:
             raise MessageError(f"invalid device entry: {exc}") from None
     found.sort(key=lambda d: d.device_id)
@@ -400,6 +431,8 @@ def decode(data: bytes | memoryview) -> Message:
     epoch, seq = _need(body, "epoch", int), _need(body, "seq", int)
     if epoch < 0 or seq < 0:
         raise MessageError("negative epoch or seq")
+    if kind in ("device_snapshot", "device_delta") and not _model_loaded:
+        _load_model()
     if kind == "device_snapshot":
         resource = _need_resource(body)
         found = _devices(_need(body, "devices", list))

@@ -1,0 +1,138 @@
+"""Where colad's cold start goes: a timeline per run, from the colad log and the fake kubelet (issue 14).
+
+Starts `colad supervise` as bench/measure.py's cold start does (bench.subjects.Colad, its fake
+kubelet) and puts every step on one clock, in ms after the spawn: supervisord up and woken, each
+role spawned and its first line, discovery's first snapshot, the plugin's, Register at the kubelet,
+the first full list. `--old TREE` interleaves another checkout round by round; `--baseline` adds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from calendar import timegm
+from pathlib import Path
+from typing import Any
+
+from bench.measure import cold_start
+from bench.subjects import Baseline, Colad, Subject, _BenchService
+
+ROLES = ("plugin", "discovery", "kubelet-watch", "watchdog")
+DEVICES = {f"dev-{i}" for i in range(10)}
+_COLAD = re.compile(r"^ts=(\S+)Z level=\S+ proc=(\S+) msg=(\"[^\"]*\"|\S+)(.*)$")
+_SUPERVISORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (.*)$")
+
+
+def wall_of(stamp: str, fmt: str, millis: str) -> float:
+    return timegm(time.strptime(stamp, fmt)) + int(millis) / 1000
+
+
+def timeline(text: str) -> dict[str, float]:
+    """Each step's first wall time (s) in a colad log; supervisord stamps in local time, colad in UTC."""
+    steps: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := _COLAD.match(line):
+            stamp, millis = m[1].split(".")
+            at, role, msg = wall_of(stamp, "%Y-%m-%dT%H:%M:%S", millis), m[2], m[3].strip('"')
+            steps.setdefault(f"{role}: first line", at)
+            if role == "discovery" and msg == "device set changed":
+                steps.setdefault("discovery: first snapshot sent", at)
+            elif role == "plugin" and msg == "devices updated":
+                steps.setdefault("plugin: first snapshot taken", at)
+            elif role == "plugin" and msg == "serving":
+                steps.setdefault("plugin: serving", at)
+            elif role == "plugin" and msg == "metrics listening":
+                steps.setdefault("plugin: metrics listening", at)
+            elif role == "supervise" and msg == "supervisord woken":
+                steps.setdefault("supervisord woken", at)
+        elif m := _SUPERVISORD.match(line):
+            at = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+            if m[3].startswith("supervisord started"):
+                steps.setdefault("supervisord started", at)
+            elif spawned := re.match(r"spawned: '([^']+)'", m[3]):
+                steps.setdefault(f"{spawned[1]}: spawned", at)
+    return steps
+
+
+def one_run(name: str, tree: str | None) -> dict[str, float]:
+    """One cold start of `name` ("new", "old" or "baseline"): its steps in ms after the spawn."""
+    root = Path(tempfile.mkdtemp(prefix=f"coldstart-{name}-"))
+    plugin: Any = Baseline() if name == "baseline" else (Colad() if tree is None else _TreeColad(tree))
+    subject = Subject(plugin, root)
+    try:
+        wall0, mono0 = time.time(), time.monotonic()
+        cold_start(subject, DEVICES, "first")
+        reg = subject.kubelet.successful_registrations()[0]
+        steps = {"Register sent": reg.at - mono0, "Register answered": reg.answered_at - mono0}
+        steps["first full list"] = subject.full_list_after(0, DEVICES).at - mono0
+        if name != "baseline":
+            for step, at in timeline((root / "colad.log").read_text(errors="replace")).items():
+                steps[step] = at - wall0
+        return {step: round(at * 1000, 1) for step, at in steps.items()}
+    finally:
+        subject.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class _TreeColad(Colad):
+    """colad from another checkout (`--old`): that tree first on PYTHONPATH, ahead of the venv's editable finder."""
+
+    def __init__(self, tree: str) -> None:
+        super().__init__()
+        self.tree = tree
+
+    def start(self, root: Path) -> None:
+        import threading
+
+        service = _BenchService(root, extra_env={"COLAD_LOG_LEVEL": "INFO", "PYTHONPATH": self.tree})
+        self.service, self._error = service, None
+
+        def run() -> None:
+            try:
+                service.start()
+            except BaseException as exc:  # handed to wait_ready()
+                self._error = exc
+
+        self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
+        self._starting.start()
+
+
+def report(runs: dict[str, list[dict[str, float]]]) -> None:
+    for name, results in runs.items():
+        steps = sorted({s for r in results for s in r}, key=lambda s: statistics.median(r.get(s, 1e9) for r in results))
+        print(f"\n{name}: median of {len(results)} runs, ms after the spawn of `colad supervise` [min-max]")
+        for step in steps:
+            values = [r[step] for r in results if step in r]
+            print(f"  {step:34s} {statistics.median(values):8.1f}  [{min(values):.1f}-{max(values):.1f}]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--old", help="another checkout of colad, interleaved run by run")
+    parser.add_argument("--baseline", action="store_true", help="also the single-process baseline plugin")
+    args = parser.parse_args(argv)
+    subjects: list[tuple[str, str | None]] = [("new", None)]
+    if args.old:
+        subjects.append(("old", str(Path(args.old).resolve())))
+    if args.baseline:
+        subjects.append(("baseline", None))
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in subjects}
+    for round_ in range(args.runs):
+        for name, tree in subjects if round_ % 2 == 0 else reversed(subjects):
+            runs[name].append(one_run(name, tree))
+            print(
+                f"round {round_ + 1} {name}: Register answered {runs[name][-1]['Register answered']} ms",
+                file=sys.stderr,
+            )
+    report(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
