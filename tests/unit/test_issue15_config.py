@@ -168,17 +168,21 @@ def test_device_file_refuses_bad_overrides(text: bytes, reason: str) -> None:
 
 def test_local_fields_never_change_the_wire() -> None:
     # The digest both ends compute is over the wire entries: a field one end cannot see would
-    # make them disagree forever (a resync loop).
+    # make them disagree forever (a resync loop). A probe and an entry's `optional` are
+    # discovery's alone; a device's `prepare` crosses the queue (the plugin runs it).
     plain = [Device("a"), Device("b", envs=(("X", "1"),), mounts=(Mount("/m", "/m"),))]
     local = [
-        devicefile.parse("a", b'probe = ["/bin/true"]\nprepare = []'),
-        devicefile.parse("b", b'prepare = ["/r"]\nenvs.X = "1"\n[[mounts]]\nhost_path = "/m"\noptional = true\n'),
+        devicefile.parse("a", b'probe = ["/bin/true"]'),
+        devicefile.parse("b", b'probe = []\nenvs.X = "1"\n[[mounts]]\nhost_path = "/m"\noptional = true\n'),
     ]
     assert local[0] != plain[0] and local[1] != plain[1]
     for ours, theirs in zip(plain, local, strict=True):
         assert messages.device_entry(ours) == messages.device_entry(theirs)
     assert local[0].bare
     assert messages.set_digest(DeviceSet.of(plain)) == messages.set_digest(DeviceSet.of(local))
+    prepared = devicefile.parse("a", b"prepare = []")
+    assert not prepared.bare and messages.device_entry(prepared) == b'{"id":"a","prepare":[]}'
+    assert messages.device_from_wire(messages.device_to_wire(prepared)) == prepared
 
 
 # --- every example in docs/DEVICES.md ----------------------------------------------------------
