@@ -281,8 +281,23 @@ class HealthOutputs:
         if self.spec_writer is None or rw.current is None:
             return
         name, writer = rw.resource.name, self.spec_writer
-        spec = cdi.build(name, devices.replicate(rw.current, rw.resource.replicas))
-        self._write(f"cdi {name}", writer.path(name), lambda: writer.write(name, spec))
+        data = cdi.encode(name, rw.current, rw.resource.replicas)  # cdi.build's bytes, from kept entries
+        self._write(f"cdi {name}", writer.path(name), lambda: writer.write_bytes(name, data))
+
+    def _spec_before_publish(
+        self, rw: ResourceWatch, came: list[Device], gone: list[Device], removed: Iterable[str]
+    ) -> None:
+        """A device that came, or whose spec entry changed, is in the spec before the kubelet hears of
+        it (an Allocate of it then finds its CDI name); a removal alone waits for the end of the turn,
+        a change of health or reason alone (no part of the spec) writes nothing."""
+        if self.spec_writer is None:
+            return
+        before = {d.device_id: d for d in gone}
+        if any(d.device_id not in before or not cdi.same_entry(d, before[d.device_id]) for d in came):
+            self.specs_dirty.discard(rw.resource.name)
+            self._write_spec(rw)
+        elif removed:
+            self.specs_dirty.add(rw.resource.name)
 
     def _remove_spec(self, name: str) -> None:
         if self.spec_writer is not None:
@@ -298,7 +313,12 @@ class HealthOutputs:
             expires = datetime.now(UTC) + timedelta(seconds=self.cfg.nfd_expiry)
             self.nfd_expires = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
             self.nfd_refresh = now + self.cfg.nfd_expiry / 3
-        sets = [(rw.resource.name, rw.current or devices.DeviceSet()) for rw in self.watches.values()]
+        # Counts.of(rw.current) without a pass over the set: a file name ID holds no ':', so no
+        # physical device folds into another, and rw.unhealthy is kept per change.
+        sets = [
+            (rw.resource.name, nfd.Counts(len(rw.current or ()), len(rw.current or ()) - rw.unhealthy))
+            for rw in self.watches.values()
+        ]
         data = nfd.render(sets, self.cfg.nfd_label_prefix, self.nfd_expires)
         features = self.features
         self._write("nfd", features.path, lambda: features.write(data))

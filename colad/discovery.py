@@ -186,11 +186,11 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
             digest = messages.set_digest(rw.current) if rw.digest is None else rw.digest
             delta, rw.digest = snapshots.moved_delta(digest, snapshot, rw.seq, came, gone, change.removed)
         rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
+        self._spec_before_publish(rw, came, gone, change.removed)
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
         rw.published(self.clock())
         self.published.append(rw)
-        self.specs_dirty.add(rw.resource.name)
         self.nfd_dirty = self.features is not None
         LOG.info(
             "device set changed",

@@ -55,8 +55,8 @@ def label_problem(resource_name: str, prefix: str = "") -> str | None:
     return None
 
 
-def render(resources: Iterable[tuple[str, DeviceSet]], prefix: str = "", expires: str = "") -> bytes:
-    """The feature file for `resources` (name, advertised set); `expires` an RFC 3339 time or "".
+def render(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = "", expires: str = "") -> bytes:
+    """The feature file for `resources` (name, advertised set or its Counts); `expires` an RFC 3339 time or "".
 
     A resource whose labels would be invalid is left out (the caller refuses it at config load).
     With `expires`, NFD drops the labels after that time unless colad rewrites the file: a node
@@ -69,7 +69,7 @@ def render(resources: Iterable[tuple[str, DeviceSet]], prefix: str = "", expires
         if label_problem(resource_name, prefix) is not None:
             continue
         base = label_base(resource_name, prefix)
-        counts = Counts.of(devices)
+        counts = devices if isinstance(devices, Counts) else Counts.of(devices)
         lines += [
             f"{base}.present={'true' if counts.devices else 'false'}",
             f"{base}.devices={counts.devices}",
