@@ -45,9 +45,11 @@ def restore_signals(command: str) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
 
 
-# supervisord starts the watchdog with the three roles, four interpreters on a node's CPUs at once; it
-# has nothing to do for seconds (its back-off starts at 10 s), the plugin's Register waits on the others.
-NICE_COMMANDS = {"watchdog": 10}
+# supervisord starts the watchdog with the three roles, four interpreters on a node's CPUs at once; the
+# plugin's Register waits on its own start and discovery's first snapshot, not on these two: the watchdog
+# has nothing to do for seconds (its back-off starts at 10 s), and the plugin stats kubelet.sock itself
+# at start (kubelet-watch's report is a hint it checks; it also re-registers when its stream ends).
+NICE_COMMANDS = {"watchdog": 10, "kubelet-watch": 10}
 
 
 if __name__ == "__main__":
