@@ -89,7 +89,12 @@ class _TreeColad(Colad):
     def start(self, root: Path) -> None:
         import threading
 
-        service = _BenchService(root, extra_env={"COLAD_LOG_LEVEL": "INFO", "PYTHONPATH": self.tree})
+        # `python -m` puts the working directory first on sys.path: run from the tree, through a wrapper.
+        wrapper = root / "python-in-tree"
+        wrapper.write_text(f'#!/bin/sh\ncd "{self.tree}" && exec "{sys.executable}" "$@"\n')
+        wrapper.chmod(0o755)
+        env = {"COLAD_LOG_LEVEL": "INFO", "PYTHONPATH": self.tree}
+        service = _BenchService(root, extra_env=env, python=str(wrapper))
         self.service, self._error = service, None
 
         def run() -> None:
