@@ -226,6 +226,7 @@ def test_the_cdi_spec_and_the_feature_file_follow_every_change(
     assert spec["kind"] == RESOURCE
     edits = {dev["name"]: dev["containerEdits"] for dev in spec["devices"]}
     assert "MODE=fast" in edits["dev-0::0"]["env"]
+    wait_until(features.exists, 10, "the feature file (written at the end of the turn, after the spec)")
     labels = nfd.parse(features.read_bytes())
     assert labels["example.com-cola.devices"] == "2" and labels["example.com-cola.healthy"] == "1", labels
     (d / "dev-2").write_text("")
@@ -267,6 +268,8 @@ def test_a_reload_moves_the_spec_and_the_feature_file(
     discovery.apply_config(cfg)
     runner.start()
     wait_until(lambda: (short_tmp / "cdi2" / old_spec.name).exists(), 10, "the spec in the new directory")
+    # The spec goes before the publish, the feature file at the end of the turn.
+    wait_until(lambda: (short_tmp / "nfd2" / "colad").exists(), 10, "the feature file at its new path")
     assert not old_spec.exists() and not old_features.exists()
     wait_health(inbox, {"dev-0": HEALTHY})  # host paths are no longer checked
     labels = nfd.parse((short_tmp / "nfd2" / "colad").read_bytes())
