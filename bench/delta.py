@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from itertools import count as counter
 
-from colad import devices, messages, service, snapshots
+from colad import device_wire, devices, messages, service, snapshots
 from colad.config import Config
 from colad.devices import Device, DeviceSet
 from colad.discovery import Discovery
@@ -53,7 +53,7 @@ def _encode_delta(old: DeviceSet, digest: int, full: messages.DeviceSnapshot, ch
 
 def _queue(count: int, old: DeviceSet, new: DeviceSet) -> dict[str, float]:
     full = messages.DeviceSnapshot(1, 2, new)
-    digest = messages.set_digest(old)
+    digest = device_wire.set_digest(old)
     change = devices.diff(old, new)
     found, _ = snapshots.delta(old, digest, full, 1, change)
     assert found is not None

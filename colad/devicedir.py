@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from colad import devicefile, messages
+from colad import device_wire, devicefile
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device
 
@@ -67,7 +67,7 @@ def racy(mtime_ns: int, ctime_ns: int, read_ns: int, window_ns: int = RACY_WINDO
 class Cached:
     key: tuple[int, int, int, int] | None  # (ino, size, mtime_ns, ctime_ns); None: read again next time
     device: Device
-    size: int  # messages.device_wire_size(device)
+    size: int  # device_wire.device_wire_size(device)
     settles_ns: int | None = None  # racy until this wall-clock time: read again at every scan until then
 
     @property
@@ -81,11 +81,11 @@ class Cached:
         settles = None
         if key is not None and racy(key[2], key[3], read_ns):
             settles = max(key[2], key[3]) + RACY_WINDOW_NS + 1
-        return Cached(key, device, messages.device_wire_size(device) if size is None else size, settles)
+        return Cached(key, device, device_wire.device_wire_size(device) if size is None else size, settles)
 
 
-# A bare entry is its ID and health, unescaped (messages.device_entry): its size is the ID's plus this.
-_BARE_HEALTHY_SIZE = messages.device_wire_size(Device("", HEALTHY))
+# A bare entry is its ID and health, unescaped (device_wire.device_entry): its size is the ID's plus this.
+_BARE_HEALTHY_SIZE = device_wire.device_wire_size(Device("", HEALTHY))
 
 
 def empty_file_device(device_id: str, key: tuple[int, int, int, int], read_ns: int) -> Cached:

@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 
-from colad import cdi, devices, log, messages, nfd, snapshots, watch
+from colad import cdi, device_wire, devices, log, messages, nfd, snapshots, watch
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
@@ -183,7 +183,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         snapshot = messages.DeviceSnapshot(self.epoch, seq, found, present, rw.resource.name)
         delta = None
         if rw.current is not None:
-            digest = messages.set_digest(rw.current) if rw.digest is None else rw.digest
+            digest = device_wire.set_digest(rw.current) if rw.digest is None else rw.digest
             delta, rw.digest = snapshots.moved_delta(digest, snapshot, rw.seq, came, gone, change.removed)
         rw.current, rw.ids, rw.present, rw.seq, rw.unhealthy = found, ids, present, seq, unhealthy
         self._spec_before_publish(rw, came, gone, change.removed)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pyinotify
 
-from colad import devices, log, messages, watch
+from colad import device_wire, devices, log, watch
 from colad.config import Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.device_health import DeviceHealth
@@ -94,7 +94,7 @@ class ResourceWatch:
         self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
         self.current: devices.DeviceSet | None = None
         self.seq = 0  # the seq `current` was published with: the base of the next delta
-        self.digest: int | None = None  # messages.set_digest(current), from the first delta on
+        self.digest: int | None = None  # device_wire.set_digest(current), from the first delta on
         self.present: bool | None = None
         self.warned: dict[str, str] = {}  # name -> the problem last logged for it
         self.cache: dict[str, _Cached] = {}
@@ -177,7 +177,7 @@ class ResourceWatch:
                 continue
             cache[device_id] = known
             device = shown[device_id] = self.health.advertise(known.device)
-            sizes[device_id] = known.size if device is known.device else messages.device_wire_size(device)
+            sizes[device_id] = known.size if device is known.device else device_wire.device_wire_size(device)
             found.append(device)
             if known.settles_ns is not None:
                 settles.append(known.settles_ns)
@@ -234,7 +234,7 @@ class ResourceWatch:
                     moved.size -= before_size
                 continue
             device = self.health.advertise(found.device)
-            size = found.size if device is found.device else messages.device_wire_size(device)
+            size = found.size if device is found.device else device_wire.device_wire_size(device)
             self.cache[name], self.sizes[name], self.shown[name] = found, size, device
             if found.settles_ns is not None:
                 self.racy[name] = found.settles_ns

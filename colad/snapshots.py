@@ -14,10 +14,11 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from colad import messages
+from colad import device_wire, messages
 from colad.constants import UNHEALTHY
+from colad.device_wire import moved_digest, set_digest
 from colad.devices import Device, DeviceDiff, DeviceSet, diff
-from colad.messages import DeviceDelta, DeviceSnapshot, Message, moved_digest, set_digest
+from colad.messages import DeviceDelta, DeviceSnapshot, Message
 
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
 _REBUILD_AT = 64
@@ -76,7 +77,7 @@ def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = 
     last IDs left out. Deterministic: the same set gives the same cut.
     """
     found = snapshot.devices
-    wire = {d.device_id: sizes.get(d.device_id) or messages.device_wire_size(d) for d in found}
+    wire = {d.device_id: sizes.get(d.device_id) or device_wire.device_wire_size(d) for d in found}
     total = messages.snapshot_size(replace(snapshot, seq=_MAX_SEQ), [wire[d.device_id] for d in found])
     if total <= limit:
         return Fitted(found, size=total)
@@ -87,7 +88,7 @@ def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = 
             if total <= limit:
                 break
             bare = Device(device_id, UNHEALTHY, problem=said)
-            smaller = messages.device_wire_size(bare)
+            smaller = device_wire.device_wire_size(bare)
             if smaller >= wire[device_id]:
                 continue
             kept[device_id] = bare

@@ -11,7 +11,7 @@ import time
 
 from google.protobuf.message import DecodeError
 
-from colad import allocation, devicefile, messages, snapshots
+from colad import allocation, device_wire, devicefile, messages, snapshots
 from colad.api import deviceplugin_pb2 as pb
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
@@ -35,7 +35,7 @@ def messages_target(data: bytes) -> None:
         receiver.apply(messages.DeviceSnapshot(message.epoch, message.base, DEVICES, resource=message.resource))
         outcome = receiver.apply(message)
         if outcome.snapshot is not None:
-            assert messages.set_digest(outcome.snapshot.devices) == message.digest
+            assert device_wire.set_digest(outcome.snapshot.devices) == message.digest
             assert outcome.snapshot.devices == DeviceSet.of(outcome.snapshot.devices)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import devicefile, hostpaths, messages, nfd
+from colad import device_wire, devicefile, hostpaths, nfd
 from colad.config import Config
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceSet
@@ -326,8 +326,8 @@ def test_host_path_health_equals_a_fresh_check_after_random_file_operations(
 
     def agrees(want: dict[str, Device]) -> bool:
         # As the wire carries them (an entry's `optional` stays in discovery).
-        got = {i: messages.device_entry(d) for i, d in devices(inbox).items()}
-        want = {i: messages.device_entry(d) for i, d in want.items()}  # type: ignore[misc]
+        got = {i: device_wire.device_entry(d) for i, d in devices(inbox).items()}
+        want = {i: device_wire.device_entry(d) for i, d in want.items()}  # type: ignore[misc]
         if got != want:
             wrong = {i: (got.get(i), want[i]) for i in want if got.get(i) != want[i]}
             raise AssertionError(f"advertised (got, want): {wrong}")

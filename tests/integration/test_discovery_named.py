@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import messages, watch
+from colad import device_wire, messages, watch
 from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery, ResourceWatch, fit_the_queue
@@ -102,7 +102,7 @@ def test_named_rescans_end_where_a_full_listing_ends(cfg: Config, seed: int) -> 
             assert rw.unhealthy == current.count(UNHEALTHY)
             unsized = messages.DeviceSnapshot(discovery.epoch, 0, current, True, rw.resource.name)
             assert rw.size == fit_the_queue(unsized, {}).size
-            assert rw.digest is None or rw.digest == messages.set_digest(current)
+            assert rw.digest is None or rw.digest == device_wire.set_digest(current)
         assert discovery.stats.counters.get("rescans.inotify", 0) >= 10
         assert listings == 0, "an inotify event that named its files listed the whole directory"
     finally:

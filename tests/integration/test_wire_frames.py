@@ -16,10 +16,11 @@ import pytest
 
 from colad.constants import UNHEALTHY
 from colad.device_list import fit_list
+from colad.device_wire import set_digest
 from colad.devices import Device, DeviceSet
 from colad.errors import MessageError
 from colad.framing import frame
-from colad.messages import MAX_MESSAGE_BYTES, DeviceDelta, DeviceSnapshot, encode, set_digest
+from colad.messages import MAX_MESSAGE_BYTES, DeviceDelta, DeviceSnapshot, encode
 from colad.queue_client import QueueClient
 from colad.snapshots import TOO_LARGE, fit_the_queue
 from tests.helpers import wait_until

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from colad.constants import HEALTHY, UNHEALTHY
+from colad.device_wire import set_digest
 from colad.devices import Device, DeviceSet
-from colad.messages import DeviceDelta, DeviceSnapshot, decode, encode, set_digest
+from colad.messages import DeviceDelta, DeviceSnapshot, decode, encode
 from colad.snapshots import Receiver, Verdict, apply_delta, apply_full, delta
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from colad.constants import HEALTHY, UNHEALTHY
+from colad.device_wire import device_from_wire, device_to_wire
 from colad.devicefile import MAX_FILE_BYTES, parse
 from colad.devices import Device, DeviceNode, Mount
-from colad.messages import device_from_wire, device_to_wire
 
 pytestmark = pytest.mark.unit
 

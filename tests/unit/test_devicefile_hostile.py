@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from colad import devicefile, messages
+from colad import device_wire, devicefile, messages
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devicefile import MAX_FILE_BYTES, MAX_KEY_PARTS, deep_key, parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount
@@ -229,7 +229,7 @@ def test_snapshot_size_is_exact(seed: int) -> None:
     for _ in range(50):
         found = DeviceSet.of(_device(rng, i) for i in range(rng.randint(0, 30)))
         snapshot = messages.DeviceSnapshot(rng.randint(0, 2**62), rng.randint(0, 2**62), found, rng.random() < 0.5)
-        sizes = [messages.device_wire_size(d) for d in found]
+        sizes = [device_wire.device_wire_size(d) for d in found]
         assert (
             messages.snapshot_size(snapshot)
             == messages.snapshot_size(snapshot, sizes)

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.device_wire import device_from_wire, device_to_wire
 from colad.devices import (
     HEALTH_VALUES,
     REPLICA_SEPARATOR,
@@ -27,7 +28,6 @@ from colad.devices import (
     id_problem,
     replicate,
 )
-from colad.messages import device_from_wire, device_to_wire
 
 pytestmark = pytest.mark.unit
 

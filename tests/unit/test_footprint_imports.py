@@ -37,7 +37,7 @@ NOT_IN_SMALL_ROLES = (
 CASES = {
     # pyinotify's own import brings tempfile (ctypes.util): only where inotify is used.
     "watchdog": ("colad.watchdog", NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.devices", "colad.messages")),
-    # It encodes a KubeletState only: messages.py binds the device model (and hashlib) on first device use.
+    # It encodes a KubeletState only: messages.py imports device_wire (the device model, hashlib) on first device use.
     "kubelet-watch": ("colad.kubelet_watch", NOT_IN_SMALL_ROLES + ("colad.devices", "hashlib")),
     "supervise": ("colad.supervise", NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.devices", "colad.watch")),
 }

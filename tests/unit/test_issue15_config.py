@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import devicefile, messages
+from colad import device_wire, devicefile
 from colad.config import Config, Resource, load
 from colad.config_checks import PRE_START_DEADLINE
 from colad.devices import Device, DeviceSet, Mount
@@ -177,12 +177,12 @@ def test_local_fields_never_change_the_wire() -> None:
     ]
     assert local[0] != plain[0] and local[1] != plain[1]
     for ours, theirs in zip(plain, local, strict=True):
-        assert messages.device_entry(ours) == messages.device_entry(theirs)
+        assert device_wire.device_entry(ours) == device_wire.device_entry(theirs)
     assert local[0].bare
-    assert messages.set_digest(DeviceSet.of(plain)) == messages.set_digest(DeviceSet.of(local))
+    assert device_wire.set_digest(DeviceSet.of(plain)) == device_wire.set_digest(DeviceSet.of(local))
     prepared = devicefile.parse("a", b"prepare = []")
-    assert not prepared.bare and messages.device_entry(prepared) == b'{"id":"a","prepare":[]}'
-    assert messages.device_from_wire(messages.device_to_wire(prepared)) == prepared
+    assert not prepared.bare and device_wire.device_entry(prepared) == b'{"id":"a","prepare":[]}'
+    assert device_wire.device_from_wire(device_wire.device_to_wire(prepared)) == prepared
 
 
 # --- every example in docs/DEVICES.md ----------------------------------------------------------

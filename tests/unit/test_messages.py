@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.device_wire import device_entry, device_wire_size, moved_digest, set_digest
 from colad.devices import Device, DeviceSet
 from colad.errors import ColadError, MessageError
 from colad.messages import (
@@ -20,11 +21,7 @@ from colad.messages import (
     Message,
     Stats,
     decode,
-    device_entry,
-    device_wire_size,
     encode,
-    moved_digest,
-    set_digest,
     snapshot_size,
 )
 from colad.snapshots import SequenceTracker

@@ -13,8 +13,9 @@ import pytest
 
 from colad.constants import HEALTHY, KUBELET_MAX_RECV_MESSAGE_BYTES, MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.device_list import fit_list, list_entry
+from colad.device_wire import device_entry
 from colad.devices import Device, DeviceSet
-from colad.messages import JSON_PER_PROTOBUF, MAX_MESSAGE_BYTES, DeviceSnapshot, device_entry, snapshot_size
+from colad.messages import JSON_PER_PROTOBUF, MAX_MESSAGE_BYTES, DeviceSnapshot, snapshot_size
 from colad.snapshots import fit_the_queue
 
 pytestmark = pytest.mark.unit
