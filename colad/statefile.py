@@ -368,12 +368,19 @@ def write_json(path: str, body: object) -> bool:
     Readers see the old file or the new one, never half of one; a state file is
     never worth a crash. The socket record and the in-use view are written this way too.
     """
-    tmp = path + ".tmp"
+    tmp, flags = path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
-        os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(body, handle)
+        data = memoryview(json.dumps(body).encode("utf-8"))  # one write, not json.dump's many small ones
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:  # the directory is made once, not stat'ed on every write
+            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except (OSError, ValueError, TypeError) as exc:
         LOG.warning("state file not written", path=path, error=exc)
