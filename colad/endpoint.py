@@ -30,6 +30,7 @@ from colad.socketpath import SocketRecord
 from colad.statefile import ListCut, ResourceState, SickList
 
 LOG = log.get(__name__)
+SHUTDOWN_GRACE = 1.0  # seconds the server waits at shutdown for ended streams to flush (normally ms)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Endpoint:
         self.name = resource.name
         self.broadcast = SentBroadcast()
         self.ignored_prepares: tuple[str, ...] = ()  # devices whose own prepare never runs (warned once)
+        self.closing = False  # close() was called: the plugin stops
         self.sent: dict[int, int] = {}  # server generation -> the newest list version its streams sent
         # The options the current server was registered with: a reload that changes them registers again.
         self.pre_start_required = resource.pre_start_required
@@ -209,7 +211,9 @@ class Endpoint:
     def stop_server(self, generation: int) -> None:
         self.broadcast.close_generation(generation)
         if self.server is not None:
-            self.server.stop(grace=0).wait(5)
+            # At shutdown the streams were just ended (close_generation): a moment's grace lets the
+            # withdrawal's empty list flush to the kubelet; elsewhere the peer is gone or replaced.
+            self.server.stop(grace=SHUTDOWN_GRACE if self.closing else 0).wait(5)
             self.server = None
         if self.socket_path:
             self.ctx.sockets.remove(self.socket_path)  # only if it is still the socket we made
@@ -299,6 +303,7 @@ class Endpoint:
         self.state = replace(self.state, started=now)
 
     def close(self, now: float) -> None:
+        self.closing = True
         self.apply(reg.Shutdown(), now)
         for call in list(self.calls):
             self._execute(reg.CancelCall(call))
