@@ -17,11 +17,12 @@ import re
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from colad import files
 from colad.device_rules import CDI_CLASS, CDI_DEVICE_NAME, CDI_VENDOR  # the one definition of CDI's names
-from colad.devices import Device, DeviceSet, SkippedName, replica_id
+from colad.devices import Device, DeviceSet, SkippedName, replicas_of
 
 DEFAULT_SPEC_DIR = "/var/run/cdi"
 # The versions this module writes, oldest first (container-device-interface specs-go/version.go).
@@ -130,7 +131,6 @@ def _entry(device: Device) -> dict[str, Any] | SkippedName:
 
 
 _ENCODED = "_cdi_encoded"  # a Device's spec entry as JSON text and the version it needs, kept on it
-_REPLICAS = "_cdi_replicas"  # a physical Device's replicas (replicate()'s), kept on it
 
 
 def _encoded(device: Device) -> tuple[str, int] | SkippedName:
@@ -166,15 +166,6 @@ def same_entry(a: Device, b: Device) -> bool:
     return _encoded(a) == _encoded(b)
 
 
-def _replicas(device: Device, replicas: int) -> tuple[Device, ...]:
-    cached: tuple[int, tuple[Device, ...]] | None = device.__dict__.get(_REPLICAS)
-    if cached is None or cached[0] != replicas:
-        made = tuple(replace(device, device_id=replica_id(device.device_id, n)) for n in range(replicas))
-        cached = (replicas, made)
-        object.__setattr__(device, _REPLICAS, cached)
-    return cached[1]
-
-
 def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes | None:
     """build(resource_name, replicate(physical, replicas)).encode(), byte for byte (None: no spec),
     joined from the entries kept on each device: only a device not seen before is encoded
@@ -184,7 +175,7 @@ def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes 
     if replicas <= 1:
         parts = [d.__dict__.get(_ENCODED) or _encoded(d) for d in physical]
     else:
-        by_id = {r.device_id: r for d in physical for r in _replicas(d, replicas)}
+        by_id = {r.device_id: r for d in physical for r in replicas_of(d, replicas)}
         parts = [_encoded(by_id[k]) for k in sorted(by_id)]
     kept = [p for p in parts if not isinstance(p, SkippedName)]
     if not kept:
@@ -267,28 +258,10 @@ class SpecWriter:
             return self.remove(resource_name)
         if self._written.get(resource_name) == data and os.path.exists(self.path(resource_name)):
             return False
-        # One temporary name per process and spec (discovery is the only writer), opened without
-        # mkstemp's random tries; no fsync: the directory is tmpfs by default, and colad writes
-        # every spec again at start before the kubelet can hear of a device (a rename is atomic
-        # for readers either way). Both were most of a one-device change's CPU (bench/profile_discovery.py).
-        tmp = os.path.join(self.spec_dir, f".colad-{os.getpid()}-{file_name(resource_name)}.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(self.spec_dir, mode=0o755, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), 0o644)  # runtimes read specs as root; nothing in it is secret to root
-            os.rename(tmp, self.path(resource_name))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        # Runtimes read specs as root; nothing in one is secret to root. No fsync (colad.files): the
+        # directory is tmpfs by default and every spec is written again at start, before the kubelet
+        # can hear of a device; fsync and mkstemp were most of a one-device change's CPU.
+        files.replace(self.path(resource_name), data, 0o644, 0o755)
         self._written[resource_name] = data
         return True
 

@@ -7,11 +7,11 @@ exceed the kubelet's 4 MiB receive limit to a deterministic subset; service.py s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from colad import constants
 from colad.api import deviceplugin_pb2 as pb
-from colad.devices import Device, DeviceSet, replica_id
+from colad.devices import Device, DeviceSet, replicas_of, replicate
 
 
 def _device(d: Device) -> pb.Device:
@@ -27,7 +27,6 @@ def _device(d: Device) -> pb.Device:
 # them), so one change encodes one entry; the rest is a join at C speed.
 _ENTRY = "_colad_list_entry"
 _LIST = "_colad_list"
-_REPLICAS = "_colad_replicas"
 # `repeated Device devices = 1` of ListAndWatchResponse: field 1, wire type 2 (length-delimited).
 _DEVICES_TAG = b"\x0a"
 
@@ -66,23 +65,6 @@ def to_response(devices: DeviceSet) -> pb.ListAndWatchResponse:
     return response
 
 
-def _replicas(device: Device, replicas: int) -> tuple[Device, ...]:
-    """devices.replicate()'s replicas of `device`, kept on it (with their cached entries) for the next change."""
-    cached: tuple[int, tuple[Device, ...]] | None = device.__dict__.get(_REPLICAS)
-    if cached is None or cached[0] != replicas:
-        made = tuple(replace(device, device_id=replica_id(device.device_id, n)) for n in range(replicas))
-        cached = (replicas, made)
-        object.__setattr__(device, _REPLICAS, cached)
-    return cached[1]
-
-
-def _replicated(physical: DeviceSet, replicas: int) -> DeviceSet:
-    """devices.replicate(physical, replicas), made of the replicas kept on each physical device."""
-    if replicas <= 1:
-        return physical
-    return DeviceSet.of(r for d in physical for r in _replicas(d, replicas))
-
-
 @dataclass(frozen=True)
 class FittedList:
     """What ListAndWatch may send: `devices` encode to `size` bytes; `wanted` IDs were asked for."""
@@ -104,12 +86,12 @@ def fit_list(physical: DeviceSet, replicas: int, limit: int = constants.KUBELET_
     physical device with as many replicas as fit: all of replica 0 in ID order, then
     all of replica 1, and so on. Sizes are those of the exact encoded list, never estimated.
     """
-    wanted = _replicated(physical, replicas)
+    wanted = replicate(physical, replicas)
     size = len(encoded_list(wanted))
     if size <= limit:
         return FittedList(wanted, size, len(wanted))
     rounds = max(1, replicas)
-    per_device = [_replicas(d, replicas) if replicas > 1 else (d,) for d in physical]
+    per_device = [replicas_of(d, replicas) if replicas > 1 else (d,) for d in physical]
     kept: list[Device] = []
     total = 0
     for device in (copies[n] for n in range(rounds) for copies in per_device):

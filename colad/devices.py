@@ -167,6 +167,9 @@ def replica_suffix_length(replicas: int) -> int:
     return len(replica_id("", replicas - 1)) if replicas > 1 else 0
 
 
+_REPLICAS = "_colad_replicas"  # kept on a frozen Device outside its fields: never compared, hashed or encoded
+
+
 def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
     """Each device as `replicas` devices "<id>::0" .. "<id>::<replicas-1>" with the same fields.
 
@@ -174,7 +177,18 @@ def replicate(devices: DeviceSet, replicas: int) -> DeviceSet:
     """
     if replicas <= 1:
         return devices
-    return DeviceSet.of(replace(d, device_id=replica_id(d.device_id, n)) for d in devices for n in range(replicas))
+    return DeviceSet.of(r for d in devices for r in replicas_of(d, replicas))
+
+
+def replicas_of(device: Device, replicas: int) -> tuple[Device, ...]:
+    """replicate()'s replicas of one device, kept on it: the next change reuses them, and with them
+    what the ListAndWatch encoding (device_list) and the CDI spec (cdi) cached on each replica."""
+    cached: tuple[int, tuple[Device, ...]] | None = device.__dict__.get(_REPLICAS)
+    if cached is None or cached[0] != replicas:
+        made = tuple(replace(device, device_id=replica_id(device.device_id, n)) for n in range(replicas))
+        cached = (replicas, made)
+        object.__setattr__(device, _REPLICAS, cached)
+    return cached[1]
 
 
 # --- validation ----------------------------------------------------------------------------
