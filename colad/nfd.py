@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from colad import files
 from colad.devices import DeviceSet, base_id
 
 DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/colad"
@@ -101,20 +101,7 @@ class FeatureFileWriter:
         """True if the file changed. Raises OSError (the caller logs once and retries on rescan)."""
         if data == self._written and os.path.exists(self.path):
             return False
-        directory, name = os.path.split(self.path)
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), 0o644)
-            os.rename(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        files.replace(self.path, data, 0o644, 0o755)  # NFD's worker reads it, as root
         self._written = data
         return True
 

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from colad import log
+from colad import files, log
 from colad.constants import UNHEALTHY
 from colad.devices import DeviceSet, base_id
 from colad.errors import ColadError
@@ -368,20 +368,9 @@ def write_json(path: str, body: object) -> bool:
     Readers see the old file or the new one, never half of one; a state file is
     never worth a crash. The socket record and the in-use view are written this way too.
     """
-    tmp, flags = path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
-        data = memoryview(json.dumps(body).encode("utf-8"))  # one write, not json.dump's many small ones
-        try:
-            fd = os.open(tmp, flags, 0o600)
-        except FileNotFoundError:  # the directory is made once, not stat'ed on every write
-            os.makedirs(os.path.dirname(tmp), mode=0o700, exist_ok=True)
-            fd = os.open(tmp, flags, 0o600)
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        # One write of the whole text (json.dump makes many small ones).
+        files.replace(path, json.dumps(body).encode("utf-8"), 0o600, 0o700)
     except (OSError, ValueError, TypeError) as exc:
         LOG.warning("state file not written", path=path, error=exc)
         return False

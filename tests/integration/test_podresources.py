@@ -130,7 +130,7 @@ def test_holders_state_file_and_metrics_follow_assign_and_release(
     path = short_tmp / "run" / inuse.STATE_NAME
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
-    assert not path.with_name(path.name + ".tmp").exists()
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
     lines = messages(caplog, logging.INFO)
     assert (
         'msg="device in use" resource=myway5.com/cola device=cocacola namespace=default pod=app container=main' in lines

@@ -77,7 +77,7 @@ def test_round_trip_through_the_file(tmp_path: Path) -> None:
     assert statefile.read(path) == state
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
-    assert not os.path.exists(path + ".tmp")
+    assert os.listdir(tmp_path / "state") == ["plugin.json"]  # no temporary file left
 
 
 def test_flat_keys_describe_the_first_resource_not_registered() -> None:
