@@ -14,52 +14,26 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from bench import measure
-from bench.subjects import Colad, Subject, _BenchService, settle
+from bench.subjects import Colad, Subject, settle
 
 NAMES = {f"cola-{i:02d}" for i in range(10)}
 FIGURES = ("cpu_change", "cpu_change_plugin", "change_p50_ms", "cpu_reregister", "reregister_p50_ms")
 
 
-class TreeColad(Colad):
-    """colad from `tree` (None: this checkout), named `name` in the figures."""
-
-    def __init__(self, name: str, tree: str | None, env: dict[str, str]) -> None:
-        super().__init__(sys.executable, env)
-        self.name, self.tree = name, tree
-
-    def start(self, root: Path) -> None:
-        python, env = sys.executable, dict(self.extra_env)
-        if self.tree:  # `python -m` puts the working directory first on sys.path: run from the tree
-            wrapper = root / "python-in-tree"
-            wrapper.write_text(f'#!/bin/sh\ncd "{self.tree}" && exec "{sys.executable}" "$@"\n')
-            wrapper.chmod(0o755)
-            python = str(wrapper)
-        service = _BenchService(root, extra_env=env, python=python)
-        if self.tree:
-            service.env.pop("COLAD_CDI_SPEC_DIR", None)  # not known to trees before issue 15
-            service.env["PYTHONPATH"] = self.tree
-        self.service, self._error = service, None
-
-        def run() -> None:
-            try:
-                service.start()
-            except BaseException as exc:  # handed to wait_ready()
-                self._error = exc
-
-        self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
-        self._starting.start()
+def _named(colad: Colad, name: str) -> Colad:
+    colad.name = name  # the figures' key, and the Subject's
+    return colad
 
 
 def one_round(old: str, env: dict[str, str], changes: int, restarts: int) -> dict[str, dict[str, float]]:
     base = Path(tempfile.mkdtemp(prefix="colad-compare-"))
     subjects = [
-        Subject(TreeColad("old", old, {}), base / "old"),
-        Subject(TreeColad("new", None, env), base / "new"),
+        Subject(_named(Colad(tree=old), "old"), base / "old"),
+        Subject(_named(Colad(extra_env=env), "new"), base / "new"),
     ]
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
     try:

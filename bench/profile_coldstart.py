@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import cold_start
-from bench.subjects import Baseline, Colad, Subject, _BenchService
+from bench.subjects import Baseline, Colad, Subject
 
 ROLES = ("plugin", "discovery", "kubelet-watch", "watchdog")
 DEVICES = {f"dev-{i}" for i in range(10)}
@@ -62,7 +62,7 @@ def timeline(text: str) -> dict[str, float]:
 def one_run(name: str, tree: str | None) -> dict[str, float]:
     """One cold start of `name` ("new", "old" or "baseline"): its steps in ms after the spawn."""
     root = Path(tempfile.mkdtemp(prefix=f"coldstart-{name}-"))
-    plugin: Any = Baseline() if name == "baseline" else (Colad() if tree is None else _TreeColad(tree))
+    plugin: Any = Baseline() if name == "baseline" else Colad(tree=tree)
     subject = Subject(plugin, root)
     try:
         wall0, mono0 = time.time(), time.monotonic()
@@ -77,34 +77,6 @@ def one_run(name: str, tree: str | None) -> dict[str, float]:
     finally:
         subject.close()
         shutil.rmtree(root, ignore_errors=True)
-
-
-class _TreeColad(Colad):
-    """colad from another checkout (`--old`): that tree first on PYTHONPATH, ahead of the venv's editable finder."""
-
-    def __init__(self, tree: str) -> None:
-        super().__init__()
-        self.tree = tree
-
-    def start(self, root: Path) -> None:
-        import threading
-
-        # `python -m` puts the working directory first on sys.path: run from the tree, through a wrapper.
-        wrapper = root / "python-in-tree"
-        wrapper.write_text(f'#!/bin/sh\ncd "{self.tree}" && exec "{sys.executable}" "$@"\n')
-        wrapper.chmod(0o755)
-        env = {"COLAD_LOG_LEVEL": "INFO", "PYTHONPATH": self.tree}
-        service = _BenchService(root, extra_env=env, python=str(wrapper))
-        self.service, self._error = service, None
-
-        def run() -> None:
-            try:
-                service.start()
-            except BaseException as exc:  # handed to wait_ready()
-                self._error = exc
-
-        self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
-        self._starting.start()
 
 
 def report(runs: dict[str, list[dict[str, float]]]) -> None:

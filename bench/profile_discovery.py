@@ -10,7 +10,6 @@ round; `--profile` adds py-spy's top frames per phase.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
 import os
@@ -179,18 +178,6 @@ def run_child(tree: Path, phase: str, spy_out: str | None, nfd: bool) -> dict[st
         shutil.rmtree(root, ignore_errors=True)
 
 
-def top_frames(raw: str, limit: int = 30) -> list[tuple[int, str]]:
-    """Inclusive samples per frame (each frame counted once per stack) from py-spy's raw output."""
-    counts: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in Path(raw).read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        total += int(n)
-        for frame in {f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";")[1:]}:
-            counts[frame] += int(n)
-    return [(total, "total samples")] + [(n, f) for f, n in counts.most_common(limit)]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=Path, default=REPO, help="the checkout called new (default: this one)")
@@ -210,34 +197,14 @@ def main() -> int:
         child_main(*args.child, args.spy, args.nfd)
         return 0
     trees = {"new": args.new.resolve()} | {n: Path(t).resolve() for n, _, t in (o.partition("=") for o in args.old)}
+    sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it
+    from bench import ab
+
     phases = args.phases.split(",")
-    figures: dict[tuple[str, str], list[dict[str, float]]] = collections.defaultdict(list)
-    for r in range(args.rounds):
-        order = list(trees) if r % 2 == 0 else list(reversed(trees))
-        for phase in phases:
-            for name in order:
-                figures[(name, phase)].append(run_child(trees[name], phase, None, args.nfd))
-                print(f"round {r + 1} {phase} {name}: {figures[(name, phase)][-1]}", file=sys.stderr, flush=True)
-    for phase in phases:
-        print(f"\n== {phase} (median of {args.rounds}, [min..max])")
-        for key in (figures[("new", phase)] or [{}])[0]:
-            row = []
-            medians = {}
-            for name in trees:
-                values = [f[key] for f in figures[(name, phase)]]
-                medians[name] = statistics.median(values)
-                row.append(f"{name} {medians[name]:8.2f} [{min(values):.2f}..{max(values):.2f}]")
-            row += [f"new/{n} {medians['new'] / m:.2f}" for n, m in medians.items() if n != "new" and m]
-            print(f"  {key:18} " + "   ".join(row))
+    figures = ab.interleave(trees, phases, args.rounds, lambda tree, phase: run_child(tree, phase, None, args.nfd))
+    ab.table(trees, phases, figures, args.rounds)
     if args.profile:
-        for phase in phases:
-            for name, tree in trees.items():
-                raw = os.path.join(tempfile.gettempdir(), f"profile-discovery-{name}-{phase}.txt")
-                run_child(tree, phase, raw, args.nfd)
-                if os.path.exists(raw):
-                    print(f"\n== py-spy {phase} {name}: inclusive samples per frame ({raw})")
-                    for n, frame in top_frames(raw):
-                        print(f"  {n:6d} {frame}")
+        ab.profiles(trees, phases, "profile-discovery", lambda tree, phase, raw: run_child(tree, phase, raw, args.nfd))
     return 0
 
 

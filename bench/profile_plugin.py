@@ -10,13 +10,11 @@ Phases: `changes` (one-device changes), `restarts` (kubelet restarts), `start` (
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -276,20 +274,6 @@ def run_child(tree: Path, phase: str, spy_out: str | None, via_queue: bool = Fal
         return figures
 
 
-def top_frames(raw: str, colad_only: bool, limit: int = 25) -> list[tuple[int, str]]:
-    """Inclusive samples per frame (each frame counted once per stack) from py-spy's raw output."""
-    counts: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in Path(raw).read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        total += int(n)
-        frames = {f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";")[1:]}
-        for frame in frames:
-            if not colad_only or "colad" in frame or ".py:" in frame and "/colad/" in stack:
-                counts[frame] += int(n)
-    return [(total, "total samples")] + [(n, f) for f, n in counts.most_common(limit)]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", type=Path, help="another checkout (e.g. a git worktree) to compare with")
@@ -314,34 +298,14 @@ def main() -> int:
         return 0
     os.environ["PROFILE_PLUGIN_DEVICES"] = str(args.devices)  # the children inherit it
     trees = {"new": REPO} | ({"old": args.old.resolve()} if args.old else {})
+    sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it
+    from bench import ab
+
     phases = args.phases.split(",")
-    figures: dict[tuple[str, str], list[dict[str, float]]] = collections.defaultdict(list)
-    for r in range(args.rounds):
-        order = list(trees) if r % 2 == 0 else list(reversed(trees))
-        for phase in phases:
-            for name in order:
-                figures[(name, phase)].append(run_child(trees[name], phase, None, args.queue))
-                print(f"round {r + 1} {phase} {name}: {figures[(name, phase)][-1]}", file=sys.stderr, flush=True)
-    for phase in phases:
-        print(f"\n== {phase} (median of {args.rounds}, [min..max])")
-        for key in (figures[(next(iter(trees)), phase)] or [{}])[0]:
-            row = []
-            for name in trees:
-                values = [f[key] for f in figures[(name, phase)]]
-                row.append(f"{name} {statistics.median(values):8.2f} [{min(values):.2f}..{max(values):.2f}]")
-            if len(trees) == 2:
-                medians = [statistics.median([f[key] for f in figures[(n, phase)]]) for n in trees]
-                row.append(f"new/old {medians[0] / medians[1]:.2f}" if medians[1] else "")
-            print(f"  {key:18} " + "   ".join(row))
+    figures = ab.interleave(trees, phases, args.rounds, lambda tree, phase: run_child(tree, phase, None, args.queue))
+    ab.table(trees, phases, figures, args.rounds)
     if args.profile:
-        for phase in phases:
-            for name, tree in trees.items():
-                raw = os.path.join(tempfile.gettempdir(), f"profile-plugin-{name}-{phase}.txt")
-                run_child(tree, phase, raw, args.queue)
-                if os.path.exists(raw):
-                    print(f"\n== py-spy {phase} {name}: inclusive samples per frame ({raw})")
-                    for n, frame in top_frames(raw, colad_only=False):
-                        print(f"  {n:6d} {frame}")
+        ab.profiles(trees, phases, "profile-plugin", lambda tree, phase, raw: run_child(tree, phase, raw, args.queue))
     return 0
 
 

@@ -60,15 +60,22 @@ class Colad:
 
     name = "colad"
 
-    def __init__(self, python: str = sys.executable, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, python: str = sys.executable, extra_env: dict[str, str] | None = None, tree: str | None = None
+    ) -> None:
         self.python = python
         self.extra_env = {"COLAD_LOG_LEVEL": "INFO", **(extra_env or {})}  # run.py's --colad-env
+        self.tree = tree  # another checkout of colad to run (compare_trees, profile_coldstart); None: this one
         self.service: _BenchService | None = None
         self._starting: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def start(self, root: Path) -> None:
-        service = _BenchService(root, extra_env=self.extra_env, python=self.python)
+        service = _BenchService(root, extra_env=self.extra_env, python=self._python_for(root))
+        if self.tree:
+            service.env["PYTHONPATH"] = self.tree
+            if "cdi_spec_dir" not in (Path(self.tree) / "colad" / "config.py").read_text():
+                service.env.pop("COLAD_CDI_SPEC_DIR")  # a tree from before CDI refuses variables it lacks
         self.service, self._error = service, None
 
         def run() -> None:  # start() blocks until supervisord says RUNNING (startsecs=1), asked after wait_ready()
@@ -79,6 +86,15 @@ class Colad:
 
         self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
         self._starting.start()
+
+    def _python_for(self, root: Path) -> str:
+        if not self.tree:
+            return self.python
+        # `python -m` puts the working directory first on sys.path: the tree's colad runs from the tree.
+        wrapper = root / "python-in-tree"
+        wrapper.write_text(f'#!/bin/sh\ncd "{self.tree}" && exec "{self.python}" "$@"\n')
+        wrapper.chmod(0o755)
+        return str(wrapper)
 
     def wait_ready(self) -> None:
         """Call once the figures of the start are taken: only then is supervisord asked for its states."""
