@@ -63,7 +63,8 @@ def test_a_missing_host_path_keeps_the_device_unhealthy_at_the_kubelet(
     kubelet.wait_devices({"mounted": H, "noded": H, "optional": H, "plain": H}, timeout=30)
     source.unlink()
     kubelet.wait_devices({"mounted": U, "noded": H, "optional": H, "plain": H}, timeout=30)
-    assert len(service.log_lines('msg="device unhealthy" resource=myway5.com/cola device=mounted')) == 2
+    # Discovery logs after it publishes (the kubelet hears first): wait for the line, then count.
+    assert len(service.wait_log('msg="device unhealthy" resource=myway5.com/cola device=mounted', count=2)) == 2
     series = 'colad_device_health_changes_total{reason="host_path"}'
     # mounted and noded at start, noded's reason changing to "not a device node", mounted's source gone.
     unhealthy = 'msg="device unhealthy"'
