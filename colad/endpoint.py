@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,6 +26,7 @@ from colad.messages import DeviceSnapshot
 from colad.metrics import Metrics
 from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StreamChanged
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
+from colad.snapshots import keep_stats, stats_of
 from colad.socketpath import SocketRecord
 from colad.statefile import ListCut, ResourceState, SickList
 
@@ -252,8 +253,10 @@ class Endpoint:
         Measured against the kubelet's 4 MiB receive limit: a list that does not fit is cut
         (deterministically, see fit_list), never sent to fail at the kubelet and end the stream.
         """
-        self.fit = fit_list(physical, self.resource.replicas)
-        return self.broadcast.update(self.fit.devices)
+        self.fit = fit = fit_list(physical, self.resource.replicas)
+        if fit.devices is not physical and not fit.dropped:  # each device `replicas` times: so are the counts
+            keep_stats(fit.devices, stats_of(physical).times(self.resource.replicas))
+        return self.broadcast.update(fit.devices)
 
     def take(self, snapshot: DeviceSnapshot, now: float, *, changed: bool | None = None) -> None:
         """A device snapshot for this resource: advertise it, then the bookkeeping (metrics, log)."""
@@ -268,18 +271,20 @@ class Endpoint:
             metrics.device_set_changes.labels(self.name).inc()
         if changed or first:
             advertised = self.broadcast.devices
-            metrics.forget_devices(self.name, set(advertised.ids))
+            if metrics.per_device:  # a set of every ID: only when there are per-device series to drop
+                metrics.forget_devices(self.name, set(advertised.ids))
             self._report_fit()
             LOG.info(
                 "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
-                unhealthy=health_counts(physical)[constants.UNHEALTHY], seq=seq, dir_present=dir_present,
+                unhealthy=stats_of(physical).unhealthy, seq=seq, dir_present=dir_present,
             )  # fmt: skip
             self._warn_ignored_prepares(physical)
         self.apply(reg.DevicesSeen(), now)
 
     def _warn_ignored_prepares(self, physical: DeviceSet) -> None:
         """A device's prepare runs only on a resource with one (registered with pre_start_required): say so once."""
-        ignored = prestart.ignored_prepares(self.resource.prepare, physical)
+        # No pass over the set when no device names a prepare (the counts come with the set).
+        ignored = prestart.ignored_prepares(self.resource.prepare, physical) if stats_of(physical).prepares else ()
         if ignored and ignored != self.ignored_prepares:
             LOG.warning(
                 "device prepare ignored: the resource has no prepare, so the kubelet never calls PreStartContainer",
@@ -310,6 +315,7 @@ class Endpoint:
 
     def published(self) -> ResourceState:
         advertised, state, fit = self.broadcast.devices, self.state, self.fit
+        stats = stats_of(advertised)  # once per set; carried over a delta (snapshots.Receiver) and replicas
         return ResourceState(
             name=self.name,
             device_dir=self.resource.device_dir,
@@ -318,7 +324,7 @@ class Endpoint:
             registered=state.phase is reg.Phase.REGISTERED,
             endpoint=os.path.basename(self.socket_path) if self.socket_path else "",
             devices=len(advertised),
-            healthy=health_counts(advertised)[constants.HEALTHY],
+            healthy=stats.healthy,
             streams=state.live_streams(),
             open_streams=state.all_streams(),
             since=self.since,
@@ -329,14 +335,8 @@ class Endpoint:
             list_sent=self.list_current() and state.live_streams() > 0,
             kubelet=state.kubelet_identity,
             pre_start_required=self.pre_start_required,
-            sick=SickList.of(advertised),
+            sick=SickList.of(advertised) if stats.unhealthy else SickList(),
         )
-
-
-def health_counts(devices: DeviceSet) -> Counter[str]:
-    """Devices per health, counted once per set: published after every event, and the advertised
-    set is the physical one itself whenever it needs no replicas and no cut."""
-    return devices.memo("health_counts", lambda s: Counter(d.health for d in s))
 
 
 def withdraw(

@@ -5,6 +5,7 @@ and builds a DeviceDelta (`delta()`, `moved_delta()`); the queue
 server feeds each device message to a `Receiver` (the exact set now held, "stale", or
 "resync": the server drops that connection and the sender starts again with a full
 snapshot) and every other message to a `SequenceTracker` ((epoch, seq) must move forward).
+`stats_of` counts a set once; a delta carries the counts over in O(change).
 """
 
 from __future__ import annotations
@@ -15,13 +16,57 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from colad import device_wire, messages
-from colad.constants import UNHEALTHY
+from colad.constants import HEALTHY, UNHEALTHY
 from colad.device_wire import moved_digest, set_digest
 from colad.devices import Device, DeviceDiff, DeviceSet, diff
 from colad.messages import DeviceDelta, DeviceSnapshot, Message
 
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
 _REBUILD_AT = 64
+_STATS = "_colad_stats"  # kept on the immutable DeviceSet itself, as device_list keeps its encoding
+
+
+@dataclass(frozen=True)
+class SetStats:
+    """What the plugin publishes about a set after every event: its devices per health, and how many
+    name a prepare of their own (prestart.ignored_prepares looks at the devices only when some do)."""
+
+    healthy: int = 0
+    unhealthy: int = 0
+    prepares: int = 0
+
+    def moved(self, gone: Sequence[Device], came: Sequence[Device]) -> SetStats:
+        """These counts with `gone` taken out and `came` added: O(change)."""
+        less, more = _count(gone), _count(came)
+        return SetStats(
+            self.healthy - less.healthy + more.healthy,
+            self.unhealthy - less.unhealthy + more.unhealthy,
+            self.prepares - less.prepares + more.prepares,
+        )
+
+    def times(self, n: int) -> SetStats:
+        """The counts of a set in which each device appears `n` times (devices.replicate)."""
+        return SetStats(self.healthy * n, self.unhealthy * n, self.prepares * n)
+
+
+def _count(devices: Sequence[Device]) -> SetStats:
+    healths = [d.health for d in devices]
+    prepares = len([d for d in devices if d.prepare])
+    return SetStats(healths.count(HEALTHY), healths.count(UNHEALTHY), prepares)
+
+
+def stats_of(devices: DeviceSet) -> SetStats:
+    """The set's SetStats, counted once per set unless a delta or a replication carried them over."""
+    cached: SetStats | None = devices.__dict__.get(_STATS)
+    if cached is None:
+        cached = _count(devices.devices)
+        keep_stats(devices, cached)
+    return cached
+
+
+def keep_stats(devices: DeviceSet, stats: SetStats) -> None:
+    """Record `stats` as the counts of `devices` (the caller knows them without a pass over the set)."""
+    object.__setattr__(devices, _STATS, stats)
 
 
 def delta(
@@ -156,9 +201,10 @@ def apply_delta(held: Held | None, message: DeviceDelta, source: object) -> tupl
     digest = moved_digest(base_digest, gone, message.upserts)
     if digest != message.digest:
         return _unsynced(held), Outcome(Verdict.RESYNC, reason="digest mismatch")
-    snapshot = DeviceSnapshot(
-        message.epoch, message.seq, DeviceSet(tuple(devices)), message.dir_present, message.resource
-    )
+    moved = DeviceSet(tuple(devices))
+    if (base_stats := held.snapshot.devices.__dict__.get(_STATS)) is not None:
+        keep_stats(moved, base_stats.moved(gone, message.upserts))
+    snapshot = DeviceSnapshot(message.epoch, message.seq, moved, message.dir_present, message.resource)
     return Held(snapshot, tuple(ids), digest, source), Outcome(Verdict.APPLIED, snapshot)
 
 
