@@ -23,6 +23,7 @@ from bench.subjects import Colad, Subject, settle
 
 PHASES = ("change", "allocate", "allocate16")
 PY_SPY = Path(sys.executable).parent / "py-spy"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _spy(pid: int, raw: str | None) -> subprocess.Popen[bytes] | None:
@@ -34,12 +35,15 @@ def _spy(pid: int, raw: str | None) -> subprocess.Popen[bytes] | None:
     return spy
 
 
-def one_round(trees: dict[str, str], devices: int, count: int, spy_dir: str | None) -> dict[str, dict[str, float]]:
+def one_round(
+    trees: dict[str, str], devices: int, count: int, spy_dir: str | None, env: dict[str, str] | None = None
+) -> dict[str, dict[str, float]]:
     base = Path(tempfile.mkdtemp(prefix="colad-pa-"))
     names = {f"cola-{i:05d}" for i in range(devices)}
     subjects = []
     for name, tree in trees.items():
-        colad = Colad(tree=tree or None)
+        # This tree's own code, not whatever the installed colad is; --colad-env for this tree only.
+        colad = Colad(tree=tree or str(REPO), extra_env=env if name == "new" else None)
         colad.name = name
         subjects.append(Subject(colad, base / name))
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
@@ -89,13 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=10)
     parser.add_argument("--count", type=int, default=400, help="changes and Allocate calls per phase")
     parser.add_argument("--profile", action="store_true", help="py-spy on each tree's plugin, top frames per phase")
+    parser.add_argument("--colad-env", action="append", default=[], metavar="NAME=VALUE", help="this tree only")
     args = parser.parse_args(argv)
     trees = {"new": ""} | ({"old": str(Path(args.old).resolve())} if args.old else {})
     spy_dir = tempfile.mkdtemp(prefix="pa-spy-") if args.profile else None
     rounds = []
     for r in range(args.rounds):
         order = dict(reversed(trees.items())) if r % 2 else trees
-        rounds.append(one_round(order, args.devices, args.count, spy_dir if r == args.rounds - 1 else None))
+        spy = spy_dir if r == args.rounds - 1 else None
+        rounds.append(one_round(order, args.devices, args.count, spy, dict(e.split("=", 1) for e in args.colad_env)))
         print(f"round {r + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
     print(f"{args.devices} devices, {args.count} operations per phase; {args.rounds} rounds, median [min..max]")
     for key in rounds[0]["new"]:

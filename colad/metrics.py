@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -144,6 +145,7 @@ class Metrics:
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
         self._device_ids: dict[str, set[str]] = {}
+        self._allocated_series: dict[str, tuple[Any, Any]] = {}  # resource -> its Allocate success series
         Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
@@ -176,6 +178,7 @@ class Metrics:
 
     def remove_resource(self, resource: str) -> None:
         """Drop every series of a resource a reload removed (the label values colad itself created)."""
+        self._allocated_series.pop(resource, None)
         for family, values in (
             (self.allocate_requests, [(resource, r) for r in ALLOCATE_RESULTS]),
             (self.pre_start_requests, [(resource, r) for r in PRE_START_RESULTS]),
@@ -195,8 +198,15 @@ class Metrics:
 
     def allocated(self, resource: str, device_ids: Iterable[str]) -> None:
         ids = list(device_ids)
-        self.allocate_requests.labels(resource, "success").inc()
-        self.allocated_devices.labels(resource).inc(len(ids))
+        # The resource's two series, looked up once (labels() takes the family's lock and builds a key each call).
+        series = self._allocated_series.get(resource)
+        if series is None:
+            series = self._allocated_series[resource] = (
+                self.allocate_requests.labels(resource, "success"),
+                self.allocated_devices.labels(resource),
+            )
+        series[0].inc()
+        series[1].inc(len(ids))
         if self.per_device:
             with self._lock:
                 self._device_ids.setdefault(resource, set()).update(ids)

@@ -67,8 +67,8 @@ class DeviceBroadcast:
 
     @property
     def devices(self) -> DeviceSet:
-        with self._cond:
-            return self._devices
+        # One reference read, atomic under the GIL: every Allocate reads it, so no lock round-trip.
+        return self._devices
 
     def update(self, devices: DeviceSet) -> bool:
         with self._cond:

@@ -1,0 +1,32 @@
+"""Allocate's success series are looked up once per resource (Metrics.allocated) and stay the live ones.
+
+A reload that removes a resource drops its series (Metrics.remove_resource); when a later reload
+adds it back, an Allocate must count into the series the registry exports again, not into the
+dropped ones the lookup cache held. Values are read the client_python way (get_sample_value).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from colad.metrics import Metrics
+from colad.statefile import PluginState
+
+pytestmark = pytest.mark.unit
+COLA = "myway5.com/cola"
+
+
+def test_allocated_counts_into_the_exported_series_across_remove_and_add() -> None:
+    metrics = Metrics(snapshot=lambda: PluginState(pid=1))
+    value = metrics.registry.get_sample_value
+    metrics.add_resource(COLA)
+    metrics.allocated(COLA, ["a", "b"])
+    metrics.allocated(COLA, ["c"])
+    assert value("colad_allocate_requests_total", {"resource": COLA, "result": "success"}) == 2
+    assert value("colad_allocated_devices_total", {"resource": COLA}) == 3
+    metrics.remove_resource(COLA)
+    assert value("colad_allocate_requests_total", {"resource": COLA, "result": "success"}) is None
+    metrics.add_resource(COLA)
+    metrics.allocated(COLA, ["a"])
+    assert value("colad_allocate_requests_total", {"resource": COLA, "result": "success"}) == 1
+    assert value("colad_allocated_devices_total", {"resource": COLA}) == 1
