@@ -13,11 +13,12 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from colad import constants
 from colad.device_rules import command_problem as devices_command_problem
 from colad.names import REPLICA_POLICIES
+
+TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 
 if TYPE_CHECKING:  # config.py imports these checks; its Config is only a type here
     from colad.config import Config

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import stat
-import tomllib
-from typing import Any
 
 from colad.config_checks import bare_dots, show_path, text_problem
+
+TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 # A config file is small (the sample with every key is 4 KB); anything bigger is refused unread.
 MAX_CONFIG_FILE_BYTES = 256 * 1024
@@ -22,6 +25,11 @@ MAX_CONFIG_FILE_BYTES = 256 * 1024
 # every role parses at start and on reload). colad's keys have no dots: a file with more dots
 # outside strings and comments than this is refused before it is parsed.
 MAX_BARE_DOTS = 64
+
+# Blank lines and comments only, as tomllib reads them after its CRLF -> LF (a comment holds no
+# control character but tab): such a file is {} without importing tomllib, which with typing costs
+# every role ~1 MiB and ~10 ms (the shipped sample config is all comments).
+_ONLY_COMMENTS = re.compile(r"(?:[ \t]*(?:#[^\x00-\x08\n-\x1f\x7f]*)?\n)*[ \t]*(?:#[^\x00-\x08\n-\x1f\x7f]*)?")
 
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -86,7 +94,16 @@ def read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str,
         if bare_dots(text) > MAX_BARE_DOTS:
             problems.append(f"config file {where}: more than {MAX_BARE_DOTS} dotted key parts (colad's keys have none)")
             return {}, path
-        return tomllib.loads(text), path
+        return parse_toml(text), path
     except (OSError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: UTF-8, TOML, huge ints
         problems.append(f"config file {where}: {exc}")
         return {}, path
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """tomllib.loads(text), without tomllib for a text of comments and blank lines only."""
+    if _ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n")):
+        return {}
+    import tomllib  # noqa: PLC0415 - see _ONLY_COMMENTS
+
+    return tomllib.loads(text)

@@ -29,7 +29,7 @@ from colad.devicedir import list_regular_files as list_regular_files
 from colad.devicedir import racy as racy
 from colad.devices import Device
 from colad.probes import ProbeRunner
-from colad.queue import QueueClient
+from colad.queue_client import QueueClient
 from colad.resource_scan import ResourceWatch as ResourceWatch
 from colad.snapshots import TOO_LARGE as TOO_LARGE
 from colad.snapshots import Fitted, fit_the_queue

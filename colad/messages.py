@@ -12,13 +12,16 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from colad.config import resource_name_problem
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
 from colad.errors import MessageError
 
+TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+
 if TYPE_CHECKING:  # the device model is imported where a device is encoded or decoded (device_wire.py)
+    from typing import Any
+
     from colad.devices import Device, DeviceSet
 
 WIRE_VERSION = 1

@@ -13,10 +13,13 @@ import heapq
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # imported where a probe starts: discovery without probes never loads it (#14)
+    import subprocess
 
 PENDING = "probe has not completed yet"
 MAX_REASON = 200
@@ -185,6 +188,8 @@ class ProbeRunner:
     def close(self) -> None:
         """Kill every running probe (graceful stop); reaped without waiting where possible."""
         for run in list(self._running.values()) + self._reaping:
+            import subprocess  # noqa: PLC0415 - a probe ran, so it is loaded already
+
             self._kill(run)
             try:
                 run.popen.wait(timeout=1.0)
@@ -218,6 +223,8 @@ class ProbeRunner:
     def _start(self, key: str, now: float, changed: dict[str, Verdict]) -> None:
         probe = self._probes[key]
         env = {**self.env, **dict(probe.env)}
+        import subprocess  # noqa: PLC0415 - see TYPE_CHECKING above
+
         try:
             popen = subprocess.Popen(
                 probe.command,

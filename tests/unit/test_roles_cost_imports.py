@@ -1,0 +1,42 @@
+"""What the two small roles load on their way to work (#14): near a bare interpreter.
+
+A fresh interpreter imports what `colad <role>` imports and loads the config as main() does,
+with the shipped kind of config file (comments only), then lists sys.modules. tomllib (and the
+typing it imports) comes in only for a file with content; pyinotify and the queue server never.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[2]
+ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch"}
+NEVER = ("pyinotify", "typing", "colad.queue", "colad.statefile", "colad.socketpath", "ctypes.util", "subprocess")
+
+
+def loaded(module: str, config_text: str, tmp_path: Path) -> set[str]:
+    (tmp_path / "colad.toml").write_text(config_text)
+    code = f"import sys, colad.cli, {module}\nfrom colad import config\nconfig.load({{}})\nprint(' '.join(sys.modules))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
+    env["COLAD_CONFIG"] = str(tmp_path / "colad.toml")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_a_small_role_with_a_commented_config_loads_neither_tomllib_nor_typing(role: str, tmp_path: Path) -> None:
+    modules = loaded(ROLES[role], "# every key commented, as the sample\n# log_level = 'INFO'\n", tmp_path)
+    assert ROLES[role] in modules
+    assert sorted(m for m in NEVER + ("tomllib",) if m in modules) == []
+
+
+def test_a_config_with_content_is_parsed_by_tomllib(tmp_path: Path) -> None:
+    modules = loaded(ROLES["kubelet-watch"], 'log_level = "DEBUG"\n', tmp_path)
+    assert "tomllib" in modules
+    assert sorted(m for m in NEVER if m in modules and m != "typing") == []
