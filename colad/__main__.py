@@ -17,8 +17,8 @@ import sys  # noqa: E402
 # The roles supervisord starts that take the blocked signals themselves once they can act on them.
 ROLE_COMMANDS = frozenset({"discovery", "plugin", "kubelet-watch"})
 # Long-running commands for which a stop during start-up is a clean exit and SIGHUP means nothing
-# (supervisord installs its own handler after exec; the watchdog listener ignores it).
-DAEMON_COMMANDS = frozenset({"supervise", "watchdog"})
+# (supervisord installs its own handler after exec).
+DAEMON_COMMANDS = frozenset({"supervise"})
 
 
 def command_of(argv: list[str]) -> str:
@@ -45,11 +45,10 @@ def restore_signals(command: str) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
 
 
-# supervisord starts the watchdog with the three roles, four interpreters on a node's CPUs at once; the
-# plugin's Register waits on its own start and discovery's first snapshot, not on these two: the watchdog
-# has nothing to do for seconds (its back-off starts at 10 s), and the plugin stats kubelet.sock itself
-# at start (kubelet-watch's report is a hint it checks; it also re-registers when its stream ends).
-NICE_COMMANDS = {"watchdog": 10, "kubelet-watch": 10}
+# supervisord starts the three roles at once on a node's CPUs; the plugin's Register waits on its own
+# start and discovery's first snapshot, not on kubelet-watch: the plugin stats kubelet.sock itself at
+# start (kubelet-watch's report is a hint it checks; it also re-registers when its stream ends).
+NICE_COMMANDS = {"kubelet-watch": 10}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ ROLES = {
     "discovery": ("colad.discovery", "watch the device directory and publish device snapshots"),
     "plugin": ("colad.plugin", "serve the device plugin API to the kubelet and keep it registered"),
     "kubelet-watch": ("colad.kubelet_watch", "tell the plugin when the kubelet restarts"),
-    "watchdog": ("colad.watchdog", "supervisord event listener: start a FATAL role again after a back-off"),
     "supervise": ("colad.supervise", "run all three roles under supervisord in the foreground"),
     "reload": ("colad.reload", "check the config file, then have the running colad apply it"),
     "status": ("colad.status", "show each process, the registration and the device count"),

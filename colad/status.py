@@ -153,20 +153,23 @@ def read_in_use(cfg: Config) -> dict[str, Any]:
 def _collect_processes(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {
         "running": False, "processes": {}, "plugin": None, "problems": [], "starting": [], "waiting": [],
+        "restarts": [],
     }  # fmt: skip
+    proxy = supervisor_proxy(cfg.supervisor_socket)
     try:
-        infos = supervisor_proxy(cfg.supervisor_socket).supervisor.getAllProcessInfo()
+        infos = proxy.supervisor.getAllProcessInfo()
     except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
         report["problems"].append(f"supervisord not reachable on {cfg.supervisor_socket}: {exc}")
         return report
     report["running"] = True
+    _collect_restarts(proxy, report)
     for info in infos:
         uptime = info["now"] - info["start"] if info["pid"] else 0
         report["processes"][info["name"]] = {"state": info["statename"], "pid": info["pid"], "uptime": uptime}
     for name in PROGRAMS:
         if name not in report["processes"]:
             report["problems"].append(f"{name} is MISSING")
-    # Every process supervisord runs counts, the watchdog listener too: a role in BACKOFF,
+    # Every process supervisord runs counts: a role in BACKOFF,
     # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it. STARTING (the
     # first startsecs after a spawn) is not a problem by itself: what it means is in `waiting`.
     report["problems"].extend(not_running(infos, but=(STARTING,)))
@@ -202,6 +205,19 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
     return report
 
 
+def _collect_restarts(proxy: Any, report: dict[str, Any]) -> None:
+    """The watchdog's coming starts of FATAL roles (colad.getRestarts, inside supervisord), or why not."""
+    try:
+        restarts = proxy.colad.getRestarts()
+    except xmlrpc.client.Fault:  # UNKNOWN_METHOD: a template without [rpcinterface:colad]
+        report["problems"].append("no watchdog in supervisord (no [rpcinterface:colad]): a FATAL role stays down")
+        return
+    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+        report["problems"].append(f"watchdog not answering in supervisord: {exc}")
+        return
+    report["restarts"] = [r for r in restarts if isinstance(r, dict)] if isinstance(restarts, list) else []
+
+
 def exit_code(report: dict[str, Any]) -> int:
     """3 not running, 1 degraded, 4 still starting (nothing wrong, not registered yet), else 0 (pure)."""
     if not report["running"]:
@@ -231,6 +247,10 @@ def render(report: dict[str, Any]) -> str:
     if report.get("starting"):
         lines.append("")
         lines.append(f"starting:   {', '.join(report['starting'])} (within supervisord's startsecs; not a problem)")
+    for r in report.get("restarts", ()):
+        lines.append(
+            f"restart: {r.get('name')} in {r.get('in_s')}s by the watchdog (FATAL {r.get('fatal_in_a_row')} in a row)"
+        )
     for waiting in report.get("waiting", ()):
         lines.append(f"waiting: {waiting}")
     for problem in report["problems"]:

@@ -38,8 +38,9 @@ redirect_stderr=true
 stdout_logfile=NONE
 stdout_syslog=true"""
 
-# An event listener's stdout is the event protocol and supervisord refuses redirect_stderr
-# for one, so its log lines go out on stderr, to the same place as the programs' lines.
+# ${listener_log}: an event listener's log lines (stderr; its stdout is the event protocol). The
+# shipped template has no listener any more (the watchdog runs inside supervisord), but a locally
+# edited template from before, kept as a conffile, still names the field: it must still render.
 _STDOUT_LISTENER_LOG = """\
 stderr_logfile=/dev/stdout
 stderr_logfile_maxbytes=0"""
@@ -96,6 +97,7 @@ def render(cfg: Config, template: str, *, journal: bool, user: str | None = "") 
         "user": user or "",
         "child_log": _SYSLOG_LOG if journal else _STDOUT_LOG,
         "listener_log": _SYSLOG_LISTENER_LOG if journal else _STDOUT_LISTENER_LOG,
+        "log_level": cfg.log_level,
     }
     try:
         return string.Template(template).substitute(fields)
@@ -153,11 +155,32 @@ def write_conf(path: str, text: str) -> None:
 WAKE_DEADLINE = 10.0
 
 
+def _parsed(conf_text: str) -> configparser.RawConfigParser:
+    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
+    parser.read_string(conf_text)
+    return parser
+
+
+WATCHDOG_FACTORY = "colad.watchdog:make_rpcinterface"
+
+
+def has_watchdog(conf_text: str) -> bool:
+    """Whether a rendered supervisord.conf loads the watchdog into supervisord ([rpcinterface:colad])."""
+    try:
+        parser = _parsed(conf_text)
+    except configparser.Error:
+        return False
+    return any(
+        section.startswith("rpcinterface:")
+        and parser.get(section, "supervisor.rpcinterface_factory", fallback="").strip() == WATCHDOG_FACTORY
+        for section in parser.sections()
+    )
+
+
 def wake_paths(conf_text: str) -> tuple[str, str] | None:
     """(pid file, control socket) of a rendered supervisord.conf; None when it names no literal pair."""
-    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
     try:
-        parser.read_string(conf_text)
+        parser = _parsed(conf_text)
         pidfile = parser.get("supervisord", "pidfile")
         sock = parser.get("unix_http_server", "file")
     except configparser.Error:
@@ -264,6 +287,12 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", "supervisor.supervisord", "--nodaemon", "--configuration", conf_path]
     LOG.info("starting supervisord", config=conf_path, run_dir=cfg.run_dir)
+    if not has_watchdog(rendered):  # an edited template from before the watchdog moved into supervisord
+        LOG.warning(
+            "no watchdog: the supervisord template has no [rpcinterface:colad]; a FATAL role stays down",
+            template=str(template_path(cfg)),
+            factory=WATCHDOG_FACTORY,
+        )
     start_waker(rendered)
     sys.stdout.flush()
     try:

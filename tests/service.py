@@ -235,7 +235,7 @@ class ColadService:
 
     def _log_paths(self) -> list[Path]:
         paths = [self.log_path] if self.log_path.exists() else []
-        try:  # supervisord's child logs (an AUTO stderr log, the watchdog's), if any
+        try:  # supervisord's child logs (an AUTO stderr log), if any
             paths += sorted(p for p in self.run_dir.iterdir() if p.suffix == ".log" and p.is_file())
         except OSError:
             pass

@@ -1,8 +1,9 @@
 """Who gets the CPUs during a cold start (issue 14), under the real supervisord.
 
-The plugin's Register waits on its own imports and on discovery's first snapshot; the watchdog and
-kubelet-watch are needed by neither (the plugin stats kubelet.sock itself at start), so they run
-niced and leave the node's CPUs to the two on the path. Read from /proc, as the kernel schedules.
+The plugin's Register waits on its own imports and on discovery's first snapshot; kubelet-watch is
+needed by neither (the plugin stats kubelet.sock itself at start), so it runs niced and leaves the
+node's CPUs to the two on the path (the watchdog runs inside supervisord, not niced). Read from /proc,
+as the kernel schedules.
 """
 
 from __future__ import annotations
@@ -26,5 +27,5 @@ def test_only_the_roles_off_the_register_path_run_niced(colad: ColadService) -> 
     base = os.nice(0)  # the test's own: the service inherits it
     pids = colad.pids()
     nices = {role: nice_of(pid) - base for role, pid in sorted(pids.items())}
-    assert nices == {"discovery": 0, "kubelet-watch": 10, "plugin": 0, "watchdog": 10}
+    assert nices == {"discovery": 0, "kubelet-watch": 10, "plugin": 0}
     assert nice_of(colad.supervisord_pid()) - base == 0

@@ -108,7 +108,7 @@ def test_a_second_service_on_the_same_root_is_not_blamed_for_the_firsts_log(
     first = ColadService(short_tmp)
     first.log_path.write_text(FAKE_TRACEBACK)  # an earlier run's traceback, already reported then
     first.run_dir.mkdir(mode=0o700)
-    (first.run_dir / "watchdog.log").write_text(FAKE_TRACEBACK)
+    (first.run_dir / "plugin-stderr---colad-old.log").write_text(FAKE_TRACEBACK)
     first.add("cocacola")
     first.start()
     try:

@@ -35,10 +35,9 @@ NOT_IN_SMALL_ROLES = (
     "http.client",
 )
 CASES = {
-    # pyinotify's own import brings tempfile (ctypes.util): only where inotify is used.
-    "watchdog": ("colad.watchdog", NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.devices", "colad.messages")),
     # It encodes a KubeletState only: messages.py imports device_wire (the device model, hashlib) on first device use.
     "kubelet-watch": ("colad.kubelet_watch", NOT_IN_SMALL_ROLES + ("colad.devices", "hashlib")),
+    # pyinotify's own import brings tempfile (ctypes.util): only where inotify is used.
     "supervise": ("colad.supervise", NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.devices", "colad.watch")),
 }
 
@@ -63,6 +62,27 @@ def test_a_small_role_imports_nothing_it_does_not_use(role: str, tmp_path: Path)
     modules = loaded(module, tmp_path)
     assert module in modules
     assert sorted(m for m in unwanted if m in modules) == []
+
+
+# What supervisord has loaded when it calls the rpcinterface factories (supervisor/http.py make_http_servers).
+SUPERVISORD_LOADS = (
+    "import supervisor.supervisord, supervisor.http, supervisor.rpcinterface, supervisor.xmlrpc, supervisor.web"
+)
+# The watchdog runs inside supervisord for the node's whole life: the log format (stdlib logging) and itself.
+WATCHDOG_ADDS = {"colad", "colad.log", "colad.watchdog", "logging", "atexit", "encodings.unicode_escape"}
+
+
+def test_the_watchdog_adds_to_supervisord_only_itself_and_the_log_format() -> None:
+    code = (
+        f"import sys\n{SUPERVISORD_LOADS}\nbefore = set(sys.modules)\n"
+        "from colad import watchdog\n"
+        "watchdog.make_rpcinterface(object(), 'INFO')\n"  # subscribes, logs its first line
+        "print('MODULES', ' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    added = set(out.stdout.rsplit("MODULES", 1)[1].split())
+    assert "colad.watchdog" in added
+    assert sorted(added - WATCHDOG_ADDS) == []  # e.g. dataclasses would bring inspect, ast, dis: ~0.9 MiB
 
 
 def test_the_replica_policies_config_checks_are_the_ones_allocation_applies() -> None:

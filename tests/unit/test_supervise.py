@@ -39,19 +39,27 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
             assert (section["stdout_logfile"], section["stdout_syslog"]) == ("NONE", "true")
         else:
             assert section["stdout_logfile"] == "/dev/stdout"
-    listener = conf["eventlistener:watchdog"]
-    assert listener["command"] == f"{sys.executable} -m colad watchdog"
-    assert listener["stdout_logfile"] == "NONE"  # the event protocol
-    if journal:
-        assert (listener["stderr_logfile"], listener["stderr_syslog"]) == ("NONE", "true")
-    else:
-        assert listener["stderr_logfile"] == "/dev/stdout"
+    # The watchdog runs inside supervisord: no listener process, supervisord's factory, the configured level.
+    assert [s for s in conf.sections() if s.startswith("eventlistener:")] == []
+    assert conf["rpcinterface:colad"]["supervisor.rpcinterface_factory"] == supervise.WATCHDOG_FACTORY
+    assert conf["rpcinterface:colad"]["log_level"] == cfg.log_level
+    assert supervise.has_watchdog(supervise.render(cfg, TEMPLATE, journal=journal))
     assert conf["unix_http_server"]["file"] == "/run/colad-test/supervisor.sock"
     assert conf["unix_http_server"]["chmod"] == "0700"
     assert conf["supervisord"]["nodaemon"] == "true"
     assert conf["supervisord"]["logfile"] == "/dev/null"
     rendered = supervise.render(cfg, TEMPLATE, journal=True)
     assert not [line for line in rendered.splitlines() if "/dev/stdout" in line and not line.startswith(";")]
+
+
+def test_a_template_from_before_the_in_process_watchdog_still_renders_and_is_told_apart() -> None:
+    # A locally edited template (a conffile the upgrade kept) with the old listener and its ${listener_log}.
+    old = "[supervisord]\n[eventlistener:watchdog]\ncommand=${python} -m colad watchdog\n${listener_log}\n"
+    rendered = supervise.render(Config(), old, journal=False)
+    assert "stderr_logfile=/dev/stdout" in rendered
+    assert not supervise.has_watchdog(rendered)
+    assert not supervise.has_watchdog("[rpcinterface:colad]\nsupervisor.rpcinterface_factory = other:factory\n")
+    assert not supervise.has_watchdog("not [ an ini file")
 
 
 def test_a_bad_placeholder_is_a_config_error() -> None:
