@@ -65,20 +65,3 @@ SUN_PATH_MAX_BYTES: Final = 107
 PID_MAX_DIGITS: Final = 7
 # Unix milliseconds in the plugin socket name (colad-<ms>.sock) have 13 digits until the year 2286.
 PLUGIN_SOCKET_STAMP_DIGITS: Final = 13
-
-# Linux include/uapi/linux/inotify.h: the event bits colad watches for and reads (watch.py binds
-# inotify itself; pyinotify's import cost each watcher ~3 MiB and its start a subprocess of ldconfig).
-IN_MODIFY: Final = 0x00000002
-IN_ATTRIB: Final = 0x00000004
-IN_CLOSE_WRITE: Final = 0x00000008
-IN_MOVED_FROM: Final = 0x00000040
-IN_MOVED_TO: Final = 0x00000080
-IN_CREATE: Final = 0x00000100
-IN_DELETE: Final = 0x00000200
-IN_DELETE_SELF: Final = 0x00000400
-IN_MOVE_SELF: Final = 0x00000800
-IN_UNMOUNT: Final = 0x00002000
-IN_Q_OVERFLOW: Final = 0x00004000
-IN_IGNORED: Final = 0x00008000
-IN_ONLYDIR: Final = 0x01000000
-IN_ISDIR: Final = 0x40000000

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from colad import cdi, constants, devices, hostpaths, log, nfd, watch
+import pyinotify
+
+from colad import cdi, devices, hostpaths, log, nfd, watch
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.devices import Device
@@ -32,9 +34,9 @@ if TYPE_CHECKING:
 LOG = log.get("colad.discovery")
 
 # What can change a host path's verdict, watched on each path's nearest existing parent.
-HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | constants.IN_ONLYDIR
+HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
-HOST_ANCESTOR_EVENTS = constants.IN_DELETE_SELF | constants.IN_MOVE_SELF | constants.IN_ONLYDIR
+HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
 
 
 class DeviceHealth:
@@ -167,7 +169,7 @@ class HealthOutputs:
                 # The event's own watch may already be no path's (the sync watched the new inode at
                 # the path): a moved inode stays watched by the kernel until let go of.
                 under = event.path.rstrip("/") + "/"
-                if event.mask & constants.IN_MOVE_SELF:
+                if event.mask & pyinotify.IN_MOVE_SELF:
                     self.host_inotify.remove(event.wd)
                 for path, (wd, _) in list(self.host_wds.items()):
                     if wd == event.wd or path.startswith(under):

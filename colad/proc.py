@@ -19,18 +19,6 @@ from colad.errors import ConfigError
 
 LOG = log.get(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_libc: ctypes.CDLL | None = None
-
-
-def libc() -> ctypes.CDLL:
-    """The interpreter's own libc (no find_library, which runs ldconfig), its inotify calls typed."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.inotify_init1.argtypes = [ctypes.c_int]
-        _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        _libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-    return _libc
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -40,7 +28,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     # means it died before the death signal was armed.
     parent = os.getppid()
     try:
-        result = libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        result = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError) as exc:
         LOG.warning("cannot ask to die with the parent", error=exc)
         return

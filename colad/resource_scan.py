@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from colad import constants, device_wire, devices, log, watch
+import pyinotify
+
+from colad import device_wire, devices, log, watch
 from colad.config import Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.device_health import DeviceHealth
@@ -26,14 +28,14 @@ from colad.devices import Device
 LOG = log.get("colad.discovery")
 
 DEVICE_EVENTS = (
-    constants.IN_CREATE
-    | constants.IN_DELETE
-    | constants.IN_MOVED_FROM
-    | constants.IN_MOVED_TO
-    | constants.IN_CLOSE_WRITE
-    | constants.IN_ATTRIB
-    | constants.IN_DELETE_SELF
-    | constants.IN_MOVE_SELF
+    pyinotify.IN_CREATE
+    | pyinotify.IN_DELETE
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_CLOSE_WRITE
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_DELETE_SELF
+    | pyinotify.IN_MOVE_SELF
 )
 
 

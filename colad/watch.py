@@ -1,27 +1,28 @@
 """Thin inotify shell shared by discovery and the kubelet watcher, and their common loop.
 
-`Inotify` binds the three inotify calls itself (ctypes, libc already mapped) and parses the
-kernel's events; our own poll loop drives it. `DirWatch` keeps a watch on a directory that may
-be missing, vanish, come back, or be replaced (another directory, symlink target or mount): it
-watches the parent for the name and re-adds the watch whenever the directory's identity changes.
+`Inotify` wraps a pyinotify WatchManager and a plain Notifier that our own poll
+loop drives (never AsyncNotifier: asyncore is gone from Python 3.12).
+`DirWatch` keeps a watch on a directory that may be missing, vanish, come back,
+or be replaced by another directory, symlink target or mount: it watches the
+parent for the name and re-adds the watch whenever the directory's identity
+changes. Callers treat every event as "look again" (level-triggered).
 """
 
 from __future__ import annotations
 
 import array
-import ctypes
 import fcntl
 import os
 import select
 import signal
-import stat
 import struct
 import termios
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from colad import constants as c
+import pyinotify
+
 from colad import log, proc
 from colad.config import Config
 from colad.errors import ConfigError
@@ -30,10 +31,10 @@ from colad.queue_client import QueueClient, StatsReporter
 LOG = log.get(__name__)
 
 # Events that mean "the watched directory itself is gone or no longer the same".
-SELF_GONE = c.IN_IGNORED | c.IN_DELETE_SELF | c.IN_MOVE_SELF | c.IN_UNMOUNT
-NAME_EVENTS = c.IN_CREATE | c.IN_DELETE | c.IN_MOVED_FROM | c.IN_MOVED_TO
+SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_UNMOUNT
+NAME_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FROM | pyinotify.IN_MOVED_TO
 # A directory whose entries, their attributes, or the directory itself changed.
-DIR_CHANGE_EVENTS = NAME_EVENTS | c.IN_ATTRIB | c.IN_DELETE_SELF | c.IN_MOVE_SELF
+DIR_CHANGE_EVENTS = NAME_EVENTS | pyinotify.IN_ATTRIB | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Event:
 
     @property
     def overflow(self) -> bool:
-        return bool(self.mask & c.IN_Q_OVERFLOW)
+        return bool(self.mask & pyinotify.IN_Q_OVERFLOW)
 
 
 # struct inotify_event (<sys/inotify.h>): wd, mask, cookie, len, then `len` bytes of NUL-padded name.
@@ -53,51 +54,44 @@ _EVENT = struct.Struct("iIII")
 
 
 class Inotify:
-    """One inotify instance: watches added and removed, and the events read and parsed here.
+    """pyinotify's WatchManager adds and removes the watches; the events are read and parsed here.
 
-    Each watch's path is kept by its descriptor, as pyinotify's WatchManager did. Names stay
-    bytes until here and become str with os.fsdecode (surrogateescape), exactly as os.listdir()
-    spells them (pyinotify's strict decoding lost whole reads: PLATFORM-NOTES section 9).
+    pyinotify 0.9.6's Notifier decodes each name strictly (PLATFORM-NOTES section 9):
+    one non-UTF-8 name raised out of read_events and cost the other events of that
+    read. Names stay bytes until here and become str with os.fsdecode
+    (surrogateescape), exactly as os.listdir() spells them.
     """
 
     def __init__(self, count: Callable[[str], None] | None = None) -> None:
-        fd = proc.libc().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)  # read() must never wait
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), "inotify_init1")
-        self.fd = fd
-        self.paths: dict[int, str] = {}  # watch descriptor -> the path it was added for
+        self.wm = pyinotify.WatchManager()
+        os.set_blocking(self.fileno(), False)  # read() must never wait: poll() said it is readable
+        os.set_inheritable(self.fileno(), False)
         self.count = count or (lambda name: None)
         self._refused: set[str] = set()
 
     def fileno(self) -> int:
-        return self.fd
+        return int(self.wm.get_fd())
 
     def add(self, path: str, mask: int) -> int | None:
-        path = os.path.normpath(path)
         try:
-            raw = path.encode("utf-8")  # strictly, as pyinotify did: a watch path is configured text
-            if b"\0" in raw:
-                raise ValueError("embedded null byte")
-        except ValueError as exc:
+            result = self.wm.add_watch(path, mask, quiet=True)
+        except ValueError as exc:  # UnicodeEncodeError: pyinotify encodes the path strictly
             if path not in self._refused:  # ensure() retries every turn: say it once
                 self._refused.add(path)
                 self.count("input.bad_watch_path")
                 LOG.warning("cannot watch a path that is not valid text", path=path, error=exc)
             return None
-        wd = int(proc.libc().inotify_add_watch(self.fd, raw, mask))
-        if wd < 0:
-            return None  # missing, not a directory (IN_ONLYDIR), no permission: the caller looks again later
-        self.paths[wd] = path
-        return wd
+        wd = result.get(path, -1)
+        return wd if wd >= 0 else None
 
     def remove(self, wd: int) -> None:
-        if wd in self.paths and proc.libc().inotify_rm_watch(self.fd, wd) == 0:
-            del self.paths[wd]  # on failure the kernel already dropped it: its IN_IGNORED is on its way
+        if self.wm.get_watch(wd) is not None:
+            self.wm.rm_watch(wd, quiet=True)
 
     def read(self) -> list[Event]:
         """Every complete event the kernel has queued; never raises on a name."""
         try:
-            data = os.read(self.fd, _queued(self.fd))
+            data = os.read(self.fileno(), _queued(self.fileno()))
         except BlockingIOError:
             return []
         events = []
@@ -106,25 +100,22 @@ class Inotify:
             wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
             raw = data[offset + _EVENT.size : offset + _EVENT.size + length].split(b"\0", 1)[0]
             offset += _EVENT.size + length
-            if mask & c.IN_Q_OVERFLOW:
+            if mask & pyinotify.IN_Q_OVERFLOW:
                 events.append(Event(-1, "", "", mask))
                 continue
-            path = self.paths.get(wd)
-            if path is None:
-                continue  # a watch we removed: its IN_IGNORED and late events
-            if mask & c.IN_IGNORED:
-                del self.paths[wd]  # the kernel dropped the watch (the directory went)
+            watch = self.wm.get_watch(wd)
+            if watch is None:
+                continue  # a watch we removed: its IN_IGNORED and late events (pyinotify dropped them too)
+            if mask & pyinotify.IN_IGNORED:
+                self.wm.del_watch(wd)  # the kernel dropped the watch (the directory went)
             name = os.fsdecode(raw)
             if not name.isascii() and not _is_text(name):
                 self.count("input.undecodable_name")  # delivered all the same; the role decides
-            events.append(Event(wd, path, name, mask))
+            events.append(Event(wd, watch.path, name, mask))
         return events
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-            self.paths.clear()
+        self.wm.close()
 
 
 def _queued(fd: int) -> int:
@@ -167,7 +158,7 @@ def _identity(path: str) -> tuple[int, int] | None:
         st = os.stat(path)
     except (OSError, ValueError):  # ValueError: an embedded NUL; such a path is never there
         return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
 
 
 class DirWatch:
@@ -176,7 +167,7 @@ class DirWatch:
         self.path = os.path.normpath(path)
         self.parent = os.path.dirname(self.path)
         self.name = os.path.basename(self.path)
-        self.mask = mask | c.IN_ONLYDIR
+        self.mask = mask | pyinotify.IN_ONLYDIR
         self.wd: int | None = None
         self.parent_wd: int | None = None
         self.identity: tuple[int, int] | None = None
@@ -188,7 +179,7 @@ class DirWatch:
     def ensure(self) -> bool:
         """(Re)establish the watches; True when the directory's identity changed."""
         if self.parent_wd is None:
-            self.parent_wd = self.inotify.add(self.parent, NAME_EVENTS | c.IN_ONLYDIR)
+            self.parent_wd = self.inotify.add(self.parent, NAME_EVENTS | pyinotify.IN_ONLYDIR)
         identity = _identity(self.path)
         if identity == self.identity and (identity is None or self.wd is not None):
             return False
@@ -223,7 +214,7 @@ class DirWatch:
     def note(self, event: Event) -> None:
         """Drop our idea of a watch the kernel has removed, so ensure() re-adds it."""
         if event.wd == self.wd and event.mask & SELF_GONE:
-            if not event.mask & c.IN_IGNORED:
+            if not event.mask & pyinotify.IN_IGNORED:
                 self.inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
             self.wd = None
             self.identity = None
@@ -316,7 +307,7 @@ class WatcherLoop:
         self.seq = 0
         self.stats = StatsReporter(self.client, role, self.epoch)
         self.inotify = Inotify(self.stats.count)
-        self.run_dir = DirWatch(self.inotify, cfg.run_dir, c.IN_CREATE | c.IN_MOVED_TO)
+        self.run_dir = DirWatch(self.inotify, cfg.run_dir, pyinotify.IN_CREATE | pyinotify.IN_MOVED_TO)
         self.mounts = MountWatch()
         self.mounts.drain()
         self.stopping = False
