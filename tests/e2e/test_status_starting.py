@@ -53,7 +53,7 @@ def slow_start(short_tmp: Path) -> Iterator[tuple[ColadService, FakeKubelet]]:
 def test_status_while_starting(slow_start: tuple[ColadService, FakeKubelet]) -> None:
     colad, kubelet = slow_start
     wait_until(
-        lambda: {s for s, _ in colad.states().values()} == {"STARTING", "RUNNING"}
+        lambda: {s for s, _ in colad.states().values()} == {"STARTING"}
         and all(colad.states()[p][0] == "STARTING" for p in PROGRAMS),
         20, "every role STARTING", logs=[colad.log_path],
     )  # fmt: skip
