@@ -7,13 +7,16 @@ and the watcher never import gRPC.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
 from colad import __version__
 from colad import config as config_mod
 from colad.errors import ConfigError
+
+TYPE_CHECKING = False  # as in config.py: typing is not imported at run time (#14)
+if TYPE_CHECKING:
+    import argparse
 
 ROLES = {
     "discovery": ("colad.discovery", "watch the device directory and publish device snapshots"),
@@ -25,6 +28,9 @@ ROLES = {
     "kubelet-sim": ("colad.kubelet_sim", "a kubelet stand-in: accept a registration, list devices, allocate"),
     "check": ("colad.check", "dial the plugin socket(s) like the kubelet: list, then Allocate each device"),
 }
+
+# How supervisord starts a role: its name alone, nothing to parse (argparse is ~0.25 MiB per role).
+BARE_ROLES = frozenset({"discovery", "plugin", "kubelet-watch"})
 
 CONFIG_FLAGS = {
     "config": "path of the TOML config file (env COLAD_CONFIG; default /etc/colad/colad.toml)",
@@ -43,6 +49,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Every role's start parses its command line: building all nine subparsers costs ~6 ms of
     CPU per process, while four processes share two CPUs during a cold start.
     """
+    import argparse
+
     common = argparse.ArgumentParser(add_help=False)
     for name, text in CONFIG_FLAGS.items():
         common.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=text)
@@ -63,14 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     # Only --version and --help come before the command, so its name is the first non-option word.
     command = next((word for word in words if not word.startswith("-")), None)
-    args = build_parser(command).parse_args(words)
-    flags = {name: getattr(args, name) for name in CONFIG_FLAGS}
+    args: argparse.Namespace | None = None
+    if words == [command] and command in BARE_ROLES:
+        flags: dict[str, str | None] = dict.fromkeys(CONFIG_FLAGS)
+    else:
+        args = build_parser(command).parse_args(words)
+        command, flags = args.command, {name: getattr(args, name) for name in CONFIG_FLAGS}
     try:
         cfg = config_mod.load(flags)
     except ConfigError as exc:
         print(f"colad: {exc}", file=sys.stderr)
         return 2
-    module = importlib.import_module(ROLES[args.command][0])
+    assert command is not None
+    module = importlib.import_module(ROLES[command][0])
     return int(module.main(args, cfg))
 
 

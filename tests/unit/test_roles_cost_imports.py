@@ -40,3 +40,17 @@ def test_a_config_with_content_is_parsed_by_tomllib(tmp_path: Path) -> None:
     modules = loaded(ROLES["kubelet-watch"], 'log_level = "DEBUG"\n', tmp_path)
     assert "tomllib" in modules
     assert sorted(m for m in NEVER if m in modules and m != "typing") == []
+
+
+@pytest.mark.parametrize("words", [["kubelet-watch"], ["kubelet-watch", "--log-level", "bogus"]])
+def test_a_role_started_by_its_name_alone_skips_argparse(words: list[str], tmp_path: Path) -> None:
+    """supervisord starts a role by its bare name: no flag to parse, so no argparse; any flag still parses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
+    env.update(COLAD_CONFIG=str(tmp_path / "none.toml"), COLAD_LOG_LEVEL="bogus")  # refused at load: exit 2
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "colad", *words], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2, out.stderr
+    assert "log_level" in out.stderr.splitlines()[-1]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert ("argparse" in imported) == (len(words) > 1)
