@@ -156,6 +156,8 @@ def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:
         f"both plugins on Python {meta['python']}, grpcio {meta['grpcio']}, protobuf {meta['protobuf']}, "
         f"supervisor {meta['supervisor']}; {meta['interpreter']}"
     )
+    if "runtime_dirs" in meta:
+        head += f"\ncolad's run dir and CDI spec dir on {meta['runtime_dirs']} (a host's /run is tmpfs)"
     colad_env = meta.get("parameters", {}).get("colad_env")
     if colad_env:
         head += "\ncolad's processes with " + " ".join(f"{k}={v}" for k, v in sorted(colad_env.items()))

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import budgets, installed, measure, procstat, report, scale
+from bench import budgets, installed, measure, procstat, report, scale, subjects
 from bench.subjects import REPO, Baseline, Colad, Subject, settle
 
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch", "plugin": "colad.plugin"}
@@ -201,6 +201,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         "kernel": platform.release(),
         **versions,
         "interpreter": how,
+        "runtime_dirs": "tmpfs" if subjects._fstype(Path(subjects.RUNTIME_TMPFS)) == "tmpfs" else "the temporary dir",
         "machine_busy_pct_before": busy_before,
         "machine_busy_pct_during": procstat.busy_percent(machine, procstat.machine_busy()),
         "idle_window_s": args.idle,

@@ -10,9 +10,11 @@ the layout ColadService defines: root/colas (devices) and root/kubelet.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,16 @@ from typing import Any, Protocol
 from tests.fakes.kubelet import FakeKubelet, ListAndWatchUpdate, Registration
 from tests.helpers import wait_until
 from tests.service import ColadService
+
+RUNTIME_TMPFS = "/dev/shm"
+
+
+def _fstype(path: Path) -> str:
+    """The type of the file system mounted exactly at `path`, or "" (from /proc/self/mounts)."""
+    with open("/proc/self/mounts") as mounts:
+        types = {fields[1]: fields[2] for fields in (line.split() for line in mounts) if len(fields) > 2}
+    return types.get(str(path), "")
+
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,9 +81,11 @@ class Colad:
         self.service: _BenchService | None = None
         self._starting: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._runtime: Path | None = None  # on a tmpfs: run dir and CDI spec dir (see _runtime_on_tmpfs)
 
     def start(self, root: Path) -> None:
         service = _BenchService(root, extra_env=self.extra_env, python=self._python_for(root))
+        self._runtime_on_tmpfs(service)
         if self.tree:
             service.env["PYTHONPATH"] = self.tree
             if "cdi_spec_dir" not in (Path(self.tree) / "colad" / "config.py").read_text():
@@ -86,6 +100,21 @@ class Colad:
 
         self._starting = threading.Thread(target=run, name="colad-start", daemon=True)
         self._starting.start()
+
+    def _runtime_on_tmpfs(self, service: _BenchService) -> None:
+        """The run directory and the CDI spec directory on a tmpfs, where a host has them.
+
+        colad's defaults, /run/colad and /var/run/cdi, are tmpfs on a host (systemd mounts /run); the
+        bench's root is wherever the temporary directory is, ext4 on this machine, where each state-file
+        and spec rename costs a journal commit that no node pays. Device and kubelet dirs stay on disk.
+        """
+        shm = Path(RUNTIME_TMPFS)
+        if _fstype(shm) != "tmpfs":
+            return
+        self._runtime = Path(tempfile.mkdtemp(prefix="colad-bench-", dir=shm))
+        service.run_dir = self._runtime / "run"
+        service.env["COLAD_RUN_DIR"] = str(service.run_dir)
+        service.env["COLAD_CDI_SPEC_DIR"] = str(self._runtime / "cdi")
 
     def _python_for(self, root: Path) -> str:
         if not self.tree:
@@ -118,6 +147,9 @@ class Colad:
                 self._starting.join()
             self.service.stop()
             self.service = None
+        if self._runtime is not None:
+            shutil.rmtree(self._runtime, ignore_errors=True)
+            self._runtime = None
 
 
 class Baseline:
