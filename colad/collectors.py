@@ -1,4 +1,4 @@
-"""The plugin's custom Prometheus collectors: state other components own, read at scrape time.
+"""The plugin's Prometheus registry and custom collectors: state other components own, read at scrape time.
 
 `PeerCollector`: the discovery and watcher counters that arrive as Stats
 messages, the plugin's own queue and input counters, and every colad process'
@@ -10,42 +10,39 @@ figures (prometheus_client's ProcessCollector, labelled by role).
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 
-from prometheus_client import ProcessCollector
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from colad import constants
 from colad.inuse import InUse
+from colad.metrics import QUEUE_EVENTS, Peers
 from colad.statefile import PluginState
 
 RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
 # Discovery's health changes of a device (health.<reason>) and the files it could not write (write.<file>_failed).
 HEALTH_REASONS = ("host_path", "probe", "recovered")
 WRITE_FILES = ("cdi", "nfd")
-QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 INPUT_PREFIX = "input."
 
 
-@dataclass
-class Peers:
-    """What the plugin knows of its neighbours: their pids and their latest counters."""
+class Registry(CollectorRegistry):
+    """A registry without the `_created` samples client_python adds to every counter and histogram.
 
-    pids: dict[str, int] = field(default_factory=dict)
-    counters: dict[str, dict[str, int]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    They double the series count for no use here, and prometheus-client 0.16
+    (Debian bookworm) has no switch to turn them off; filtering them here works
+    the same on every version.
+    """
 
-    def update(self, role: str, pid: int, counters: Iterable[tuple[str, int]] | None = None) -> None:
-        with self.lock:
-            self.pids[role] = pid
-            if counters is not None:
-                self.counters[role] = dict(counters)
-
-    def snapshot(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-        with self.lock:
-            return dict(self.pids), {k: dict(v) for k, v in self.counters.items()}
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            if len(samples) != len(metric.samples):
+                trimmed = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                trimmed.samples = samples
+                metric = trimmed
+            yield metric
 
 
 # ProcessCollector's family names (after "process_") -> colad's per-role family (name, help, type).

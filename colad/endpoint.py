@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colad import constants, log, prestart
+from colad import constants, log
 from colad import registration as reg
 from colad.config import Resource
 from colad.device_list import FittedList, fit_list
@@ -283,8 +283,13 @@ class Endpoint:
 
     def _warn_ignored_prepares(self, physical: DeviceSet) -> None:
         """A device's prepare runs only on a resource with one (registered with pre_start_required): say so once."""
-        # No pass over the set when no device names a prepare (the counts come with the set).
-        ignored = prestart.ignored_prepares(self.resource.prepare, physical) if stats_of(physical).prepares else ()
+        # No pass over the set when no device names a prepare (the counts come with the set); nor an import.
+        if not stats_of(physical).prepares:
+            self.ignored_prepares = ()
+            return
+        from colad import prestart
+
+        ignored = prestart.ignored_prepares(self.resource.prepare, physical)
         if ignored and ignored != self.ignored_prepares:
             LOG.warning(
                 "device prepare ignored: the resource has no prepare, so the kubelet never calls PreStartContainer",

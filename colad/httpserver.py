@@ -12,14 +12,17 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
 from colad import log
+from colad.metrics import parse_address
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 LOG = log.get(__name__)
+__all__ = ["MetricsServer", "parse_address"]
 
 
 class HasRegistry(Protocol):
@@ -42,11 +45,6 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 class MetricsServer:
     """Serves /metrics, /healthz and /readyz on the configured address; `health()`, `ready()` say (ok, reason)."""
 
@@ -66,6 +64,8 @@ class MetricsServer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failures = 0
+        from prometheus_client import make_wsgi_app
+
         self._metrics_app = make_wsgi_app(metrics.registry)
 
     def app(self, environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:

@@ -1,37 +1,27 @@
-"""Every colad metric, defined once on an explicit registry (served by httpserver.py).
+"""Every colad metric, defined once; the Prometheus registry behind them is built off the start's path.
 
-Only the plugin process imports this: discovery and the watcher stay free of prometheus_client;
-their counters arrive as Stats messages and are exported by collectors.py, with the process
-figures of every colad role. Works with prometheus-client 0.16 (Debian bookworm) and current
-releases: no newer API.
+`Metrics` counts from the moment it is made, without prometheus_client: each family keeps what it
+counted until `bind()` builds the real registry (collectors.py, httpserver.py serve it) and replays
+it there; from then on it hands calls to the real family. The plugin binds after its first Register.
+Only the plugin process imports this. Works with prometheus-client 0.16 (Debian bookworm) and later.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    Info,
-    PlatformCollector,
-    ProcessCollector,
-)
-from prometheus_client.core import Metric
-from prometheus_client.metrics import MetricWrapperBase
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from colad import __version__, log
-from colad.collectors import QUEUE_EVENTS, InUseCollector, PeerCollector, Peers, StateCollector
-from colad.httpserver import parse_address
 from colad.inuse import DOWN, InUse
 from colad.statefile import PluginState
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 LOG = log.get(__name__)
-# parse_address is re-exported for tests/unit/test_kubernetes_manifests.py, which imports it from here.
-__all__ = ["Metrics", "Registry", "parse_address"]
+__all__ = ["Family", "Metrics", "Peers", "parse_address"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SERVER_RESTART_REASONS = (
@@ -44,28 +34,139 @@ PRE_START_RESULTS = ("success", "failed", "timeout", "not_found")
 # them (cdi.SpecReader's reasons).
 CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_listed")
 PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
+QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 
 
-class Registry(CollectorRegistry):
-    """A registry without the `_created` samples client_python adds to every counter and histogram.
+def parse_address(address: str) -> tuple[str, int]:
+    """host:port or [v6]:port of the metrics endpoint (config checks and httpserver.py)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
-    They double the series count for no use here, and prometheus-client 0.16
-    (Debian bookworm) has no switch to turn them off; filtering them here works
-    the same on every version.
+
+@dataclass
+class Peers:
+    """What the plugin knows of its neighbours: their pids and their latest counters."""
+
+    pids: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def update(self, role: str, pid: int, counters: Iterable[tuple[str, int]] | None = None) -> None:
+        with self.lock:
+            self.pids[role] = pid
+            if counters is not None:
+                self.counters[role] = dict(counters)
+
+    def snapshot(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        with self.lock:
+            return dict(self.pids), {k: dict(v) for k, v in self.counters.items()}
+
+
+class _Pending:
+    """One series of a family not bound yet: its calls go to the family, which keeps or forwards them."""
+
+    __slots__ = ("family", "values")
+
+    def __init__(self, family: Family, values: tuple[str, ...]) -> None:
+        self.family, self.values = family, values
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.family.add(self.values, amount)
+
+    def observe(self, value: float) -> None:
+        self.family.add(self.values, value)
+
+
+class Family:
+    """A counter or histogram family: kept here until `bind` makes the prometheus_client one, then forwarded.
+
+    Before: a counter series is its running sum, a histogram series its observations, each made
+    (at zero) by `labels()` as prometheus_client does. `bind` replays them under the lock it
+    counts under, so a call from another thread meanwhile lands once, before or after.
     """
 
-    def collect(self) -> Iterator[Metric]:
-        for metric in super().collect():
-            samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            if len(samples) != len(metric.samples):
-                trimmed = Metric(metric.name, metric.documentation, metric.type, metric.unit)
-                trimmed.samples = samples
-                metric = trimmed
-            yield metric
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...] = (),
+        buckets: tuple[float, ...] = (),
+    ) -> None:
+        self.kind, self.name, self.documentation = kind, name, documentation
+        self.labelnames, self.buckets = labelnames, buckets
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[str, ...], list[float]] = {}
+        self.real: Any = None  # the prometheus_client family once bound
+
+    def labels(self, *values: str) -> Any:
+        real = self.real
+        if real is not None:
+            return real.labels(*values)
+        with self._lock:
+            if self.real is None:
+                self._pending.setdefault(values, self._empty())
+                return _Pending(self, values)
+        return self.real.labels(*values)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.add((), amount)
+
+    def observe(self, value: float) -> None:
+        self.add((), value)
+
+    def add(self, values: tuple[str, ...], amount: float) -> None:
+        """Count (counter) or observe (histogram) `amount` on the series of `values`."""
+        real = self.real
+        if real is None:
+            with self._lock:
+                if self.real is None:
+                    kept = self._pending.setdefault(values, self._empty())
+                    if self.kind == "counter":
+                        kept[0] += amount  # a sum: what a counter keeps, whatever the count of calls
+                    else:
+                        kept.append(amount)
+                    return
+                real = self.real
+        series = real.labels(*values) if values else real
+        series.inc(amount) if self.kind == "counter" else series.observe(amount)
+
+    def _empty(self) -> list[float]:
+        return [0.0] if self.kind == "counter" else []
+
+    def remove(self, *values: str) -> None:
+        """Drop one series (prometheus-client 0.16 raises KeyError for one never made; later ones do not)."""
+        with self._lock:
+            if self.real is None:
+                self._pending.pop(values, None)
+                return
+        self.real.remove(*values)
+
+    def bind(self, registry: CollectorRegistry) -> None:
+        """Make the prometheus_client family on `registry` and replay what was counted before."""
+        from prometheus_client import Counter, Histogram
+
+        with self._lock:
+            if self.kind == "counter":
+                real: Any = Counter(self.name, self.documentation, self.labelnames, registry=registry)
+            else:
+                real = Histogram(
+                    self.name, self.documentation, self.labelnames, buckets=self.buckets, registry=registry
+                )
+            for values, amounts in self._pending.items():
+                series = real.labels(*values) if values else real
+                for amount in amounts:
+                    series.inc(amount) if self.kind == "counter" else series.observe(amount)
+            self._pending = {}
+            self.real = real
+
+
+def _counter(name: str, documentation: str, *labelnames: str) -> Family:
+    return Family("counter", name, documentation, labelnames)
 
 
 class Metrics:
-    """The plugin's metrics. Tests read them with `registry.get_sample_value(...)`."""
+    """The plugin's metrics. Tests read them with `registry.get_sample_value(...)` (which binds)."""
 
     def __init__(
         self,
@@ -74,91 +175,118 @@ class Metrics:
         per_device: bool = True,
         snapshot: Callable[[], PluginState] | None = None,
     ) -> None:
-        r = self.registry = registry if registry is not None else Registry()
+        self.per_device = per_device
         # Current state comes from published snapshots, read at scrape time (collectors.py): the
         # plugin's (devices, streams, registration, list size) and the in-use view's.
         empty = PluginState(pid=0)
-        r.register(StateCollector(snapshot or (lambda: empty)))
+        self.snapshot: Callable[[], PluginState] = snapshot or (lambda: empty)
         self.in_use: Callable[[], InUse] = lambda: DOWN  # podresources.InUseWatcher points it at its own
-        r.register(InUseCollector(lambda: self.in_use(), per_device))
-        self.per_device = per_device
-        self.allocate_requests = Counter(
-            "colad_allocate_requests", "Allocate calls by resource and result.", ["resource", "result"], registry=r
+        self.allocate_requests = _counter(
+            "colad_allocate_requests", "Allocate calls by resource and result.", "resource", "result"
         )
-        self.allocated_devices = Counter(
-            "colad_allocated_devices",
-            "Devices (advertised IDs) handed out by successful Allocate calls.",
-            ["resource"],
-            registry=r,
+        self.allocated_devices = _counter(
+            "colad_allocated_devices", "Devices (advertised IDs) handed out by successful Allocate calls.", "resource"
         )
-        self.device_allocations = Counter(
+        self.device_allocations = _counter(
             "colad_device_allocations",
             "Successful allocations of each advertised device ID (off with metrics_per_device = false).",
-            ["resource", "device_id"],
-            registry=r,
+            "resource",
+            "device_id",
         )
-        self.check_allocations = Counter(
+        self.check_allocations = _counter(
             "colad_check_allocate_requests",
             "Allocate calls made by `colad check` (kept out of the allocation counters).",
-            registry=r,
         )
-        self.pre_start_requests = Counter(
+        self.pre_start_requests = _counter(
             "colad_pre_start_requests",
             "PreStartContainer calls by resource and result (failed/timeout: the prepare command's).",
-            ["resource", "result"],
-            registry=r,
+            "resource",
+            "result",
         )
-        self.cdi_fallbacks = Counter(
+        self.cdi_fallbacks = _counter(
             "colad_cdi_fallbacks",
             "Allocate answers that gave devices in the classic form, colad's CDI spec on disk not listing them.",
-            ["resource", "reason"],
-            registry=r,
+            "resource",
+            "reason",
         )
-        self.allocate_duration = Histogram(
-            "colad_allocate_duration_seconds", "Time to answer Allocate.", buckets=LATENCY_BUCKETS, registry=r
+        self.allocate_duration = Family(
+            "histogram", "colad_allocate_duration_seconds", "Time to answer Allocate.", buckets=LATENCY_BUCKETS
         )
-        self.preferred_duration = Histogram(
+        self.preferred_duration = Family(
+            "histogram",
             "colad_preferred_allocation_duration_seconds",
             "Time to answer GetPreferredAllocation.",
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.device_set_changes = Counter(
-            "colad_device_set_changes", "Changes of the advertised device set.", ["resource"], registry=r
+        self.device_set_changes = _counter(
+            "colad_device_set_changes", "Changes of the advertised device set.", "resource"
         )
-        self.registrations = Counter(
-            "colad_registrations",
-            "Register calls to the kubelet by resource and result.",
-            ["resource", "result"],
-            registry=r,
+        self.registrations = _counter(
+            "colad_registrations", "Register calls to the kubelet by resource and result.", "resource", "result"
         )
-        self.kubelet_restarts = Counter(
-            "colad_kubelet_restarts", "Times a new kubelet.sock was seen (a kubelet restart).", registry=r
+        self.kubelet_restarts = _counter(
+            "colad_kubelet_restarts", "Times a new kubelet.sock was seen (a kubelet restart)."
         )
-        self.server_restarts = Counter(
+        self.server_restarts = _counter(
             "colad_plugin_server_restarts",
             "Times the gRPC server was started on a new socket, by reason.",
-            ["resource", "reason"],
-            registry=r,
+            "resource",
+            "reason",
+        )
+        self.list_cut = _counter(
+            "colad_list_and_watch_cuts", "Device lists cut to fit the kubelet's message limit, by resource.", "resource"
         )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
         self._device_ids: dict[str, set[str]] = {}
         self._allocated_series: dict[str, tuple[Any, Any]] = {}  # resource -> its Allocate success series
-        Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
         self.peers = Peers()
-        r.register(PeerCollector(self.peers, lambda: dict(self.queue_events), lambda: dict(self.input_rejected)))
-        self.list_cut = Counter(
-            "colad_list_and_watch_cuts",
-            "Device lists cut to fit the kubelet's message limit, by resource.",
-            ["resource"],
-            registry=r,
-        )
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
+        self._registry: CollectorRegistry | None = None
+        self._bind_lock = threading.Lock()
+        if registry is not None:
+            self.bind(registry)
+
+    def families(self) -> tuple[Family, ...]:
+        return (
+            self.allocate_requests, self.allocated_devices, self.device_allocations, self.check_allocations,
+            self.pre_start_requests, self.cdi_fallbacks, self.allocate_duration, self.preferred_duration,
+            self.device_set_changes, self.registrations, self.kubelet_restarts, self.server_restarts, self.list_cut,
+        )  # fmt: skip
+
+    @property
+    def bound(self) -> bool:
+        return self._registry is not None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The Prometheus registry, built (and every count so far replayed) on first use."""
+        return self._registry if self._registry is not None else self.bind()
+
+    def bind(self, registry: CollectorRegistry | None = None) -> CollectorRegistry:
+        """Import prometheus_client, build the registry and hand every family over to it; once."""
+        with self._bind_lock:
+            if self._registry is not None:
+                return self._registry
+            from prometheus_client import Info, PlatformCollector, ProcessCollector
+
+            from colad import collectors
+
+            r = registry if registry is not None else collectors.Registry()
+            r.register(collectors.StateCollector(self.snapshot))
+            r.register(collectors.InUseCollector(lambda: self.in_use(), self.per_device))
+            for family in self.families():
+                family.bind(r)
+            Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
+            own = lambda: dict(self.queue_events)  # noqa: E731
+            r.register(collectors.PeerCollector(self.peers, own, lambda: dict(self.input_rejected)))
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            self._allocated_series.clear()  # looked up again, now on the real families
+            self._registry = r
+            return r
 
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""
@@ -225,7 +353,7 @@ class Metrics:
             _remove(self.device_allocations, resource, device_id)
 
 
-def _remove(family: MetricWrapperBase, *labels: str) -> None:
+def _remove(family: Family, *labels: str) -> None:
     """Remove one series, if it is there (prometheus-client raises KeyError for one never made)."""
     try:
         family.remove(*labels)

@@ -78,4 +78,14 @@ class StopRequested:
     pass
 
 
-Event = Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
+@dataclass(frozen=True)
+class ObserversLoaded:
+    """The metrics registry, the HTTP server's and the in-use watcher's modules are loaded (off the start's path)."""
+
+    error: str = ""  # why they could not be, logged
+
+
+Event = (
+    Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
+    | ObserversLoaded
+)  # fmt: skip

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from colad import allocation, cdi, constants, log, prestart
+from colad import allocation, cdi, constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.device_list import encoded_list, fit_list, to_response
@@ -266,7 +266,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        with self.metrics.preferred_duration.time():
+        started = time.perf_counter()
+        try:
             response = pb.PreferredAllocationResponse()
             devices, policy = self.broadcast.devices, self.policy()
             for container in request.container_requests:
@@ -279,11 +280,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 )
                 response.container_responses.add(deviceIDs=chosen)
             return response
+        finally:
+            self.metrics.preferred_duration.observe(time.perf_counter() - started)
 
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
         """Run the prepare command(s) of the container's devices; an error names the devices and the reason."""
+        from colad import prestart  # subprocess and the probes: not on the start's path (plugin.py preloads it)
+
         started = time.perf_counter()
         command, timeout = self.prepare()
         requested = list(request.devices_ids)
