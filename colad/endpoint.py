@@ -274,7 +274,9 @@ class Endpoint:
             if metrics.per_device:  # a set of every ID: only when there are per-device series to drop
                 metrics.forget_devices(self.name, set(advertised.ids))
             self._report_fit()
-            LOG.info(
+            # Discovery's "device set changed" line, same seq, already tells an operator of each change:
+            # the plugin says so at INFO for its first set only (each line is also a supervisord wake-up).
+            (LOG.info if first else LOG.debug)(
                 "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
                 unhealthy=stats_of(physical).unhealthy, seq=seq, dir_present=dir_present,
             )  # fmt: skip
