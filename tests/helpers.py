@@ -48,3 +48,18 @@ def wait_until(
             tail = [f"<unreadable: {exc}>"]
         text += f"\n--- {path} (last {len(tail)} lines) ---\n" + "\n".join(tail)
     raise WaitTimeout(text)
+
+
+def metrics_address(run_dir: Path, timeout: float = 10.0) -> str:
+    """host:port of the plugin's metrics endpoint, from its state file, once it is up.
+
+    The plugin starts /metrics, /healthz and /readyz after its first Register (fef334e): until then
+    the state file says "", so a test that wants them waits for the address rather than reading it once.
+    """
+    import json
+
+    def bound() -> str:
+        state = json.loads((run_dir / "state" / "plugin.json").read_text())
+        return str(state.get("metrics_address", ""))
+
+    return wait_until(bound, timeout, "the plugin to report its metrics address")

@@ -7,7 +7,6 @@ every role must work there exactly as in the virtualenv.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import metrics_address
 from tests.service import ColadService
 
 pytestmark = [pytest.mark.e2e, pytest.mark.debian]
@@ -63,7 +63,7 @@ def test_metrics_on_bookworms_prometheus_client(debian_colad: ColadService, kube
     kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
     kubelet.allocate(["peisicola"])
-    address = json.loads((debian_colad.run_dir / "state" / "plugin.json").read_text())["metrics_address"]
+    address = metrics_address(debian_colad.run_dir)
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.podresources import FakePodResources
-from tests.helpers import wait_until
+from tests.helpers import metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -66,7 +66,7 @@ def in_use(colad: ColadService) -> dict[str, Any]:
 
 
 def scrape(colad: ColadService) -> list[str]:
-    address = json.loads((colad.run_dir / "state" / "plugin.json").read_text())["metrics_address"]
+    address = metrics_address(colad.run_dir)
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
         return [line for line in response.read().decode().splitlines() if line and not line.startswith("#")]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import metrics_address
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -40,10 +40,10 @@ def tcp_listeners() -> dict[str, str]:
 
 def test_only_the_metrics_address_listens(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_registered()
+    address = metrics_address(colad.run_dir)
     pids = [*colad.pids().values(), colad.supervisord_pid()]
     listeners = tcp_listeners()
     ours = {inode: listeners[inode] for pid in pids for inode in socket_inodes(pid) if inode in listeners}
-    address = json.loads((colad.run_dir / "state" / "plugin.json").read_text())["metrics_address"]
     port = int(address.rsplit(":", 1)[1])
     # 127.0.0.1 is 0100007F in /proc/net/tcp's little-endian hex.
     assert list(ours.values()) == [f"0100007F:{port:04X}"], ours
