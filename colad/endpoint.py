@@ -239,6 +239,10 @@ class Endpoint:
         """The current server's streams have sent the kubelet the list the broadcast holds now."""
         return self.sent.get(self.state.generation) == self.broadcast.snapshot_version()
 
+    def sending(self) -> bool:
+        """A live stream has yet to send the list the broadcast holds (its ListSent is on the way)."""
+        return self.state.live_streams() > 0 and not self.list_current()
+
     def options_changed(self, now: float) -> None:
         """A reload changed pre_start_required: the kubelet takes options only at Register."""
         if self.resource.pre_start_required != self.pre_start_required:
@@ -347,7 +351,11 @@ class Endpoint:
 
 
 def withdraw(
-    endpoints: list[Endpoint], events: queue.Queue[Any], deferred: deque[Any], clock: Callable[[], float], wait: float
+    endpoints: list[Endpoint],
+    events: queue.SimpleQueue[Any],
+    deferred: deque[Any],
+    clock: Callable[[], float],
+    wait: float,
 ) -> None:
     """Tell the kubelet these resources' devices are gone (an empty list) before their streams end.
 

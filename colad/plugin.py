@@ -46,7 +46,8 @@ MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not 
 SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
 # The state file is written at once after a quiet spell, else at most once per this interval:
 # the events of one change or one re-registration (received, sent, streams...) cost one or two
-# writes, not one each; the file is never more than this behind the published snapshot.
+# writes, not one each (a change waits for its send, ms later); the file is never more than this
+# behind the published snapshot.
 STATE_FILE_INTERVAL = 0.05
 
 
@@ -70,7 +71,8 @@ class Plugin:
         self.roles: RoleHealth | None = None
         self.inuse: InUseWatcher | None = None
         self.observers = ""  # "": not asked yet; "loading"; "up"
-        self.events: queue.Queue[ev.Event] = queue.Queue()
+        # A SimpleQueue: put and get in C, no Python Condition per hand-off (every change crosses it twice).
+        self.events: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
         self.record = SocketRecord(os.path.join(cfg.run_dir, SOCKET_RECORD_NAME))
         self.sockets = Sockets(cfg, self.record, self.metrics, self._on_message, self._on_reject)
@@ -132,8 +134,15 @@ class Plugin:
         )
         published = Published(state, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
         if published != self.published:
-            if state != self.published.state and self.state_due is None:
-                self.state_due = max(self.clock(), self.state_written + STATE_FILE_INTERVAL)
+            if state != self.published.state:
+                now = self.clock()
+                # A list on its way to the kubelet reports its send within ms: one write for the change
+                # and its send, not one each; never later than the interval, whatever the stream does.
+                if any(e.sending() for e in self.endpoints.values()):
+                    due = now + STATE_FILE_INTERVAL
+                else:
+                    due = max(now, self.state_written + STATE_FILE_INTERVAL)
+                self.state_due = due if self.state_due is None else min(self.state_due, due)
             self.published = published
 
     def write_state(self, *, now: bool = False) -> None:

@@ -214,6 +214,8 @@ class StatsReporter:
 
     def report(self, now: float, next_seq: int) -> int:
         """Publish if due; returns the sequence number the caller should continue from."""
+        if now < self._next:  # not due whatever changed: no merge of the counters (every turn asks)
+            return next_seq
         due = self.due()
         if due is None or now < due:
             return next_seq

@@ -328,11 +328,12 @@ class WatcherLoop:
         if self.mounts.fileno() in readable:
             self.mounts.drain()  # something was (un)mounted: the role's ensure() re-checks identities
         events = self.inotify.read() if self.inotify.fileno() in readable else []
-        queue_name = os.path.basename(self.cfg.queue_socket)
-        for event in events:
-            self.run_dir.note(event)
-            if event.wd == self.run_dir.wd and event.name == queue_name:
-                self.client.reconnect_now()
+        if events:
+            queue_name = os.path.basename(self.cfg.queue_socket)
+            for event in events:
+                self.run_dir.note(event)
+                if event.wd == self.run_dir.wd and event.name == queue_name:
+                    self.client.reconnect_now()
         if self.client.fileno() in readable:
             self.client.check_alive()
         self.run_dir.ensure()
