@@ -105,9 +105,6 @@ class _UndecodableRequest(logging.Filter):
 
 def setup(role: str, level: str = "INFO") -> None:
     """Send every log line to stdout, tagged with the process role."""
-    # No line names its source file: skip the caller lookup logging does for every record
-    # (the logging HOWTO's "Optimization": ~15 us a line, an Allocate's line among them).
-    logging._srcfile = None
     grpc_common = logging.getLogger("grpc._common")
     if not any(isinstance(f, _UndecodableRequest) for f in grpc_common.filters):
         grpc_common.addFilter(_UndecodableRequest())
