@@ -10,9 +10,10 @@ from __future__ import annotations
 import heapq
 import re
 from collections import Counter
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import TypeVar
 
 from colad import cdi
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
@@ -29,6 +30,10 @@ EXACT_NUMA_SEARCH_LIMIT = 8
 # device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
 CDI_MODES = ("both", "only", "off")
 CDI_NAMING = CDI_MODES[:2]  # the modes that name colad's CDI devices
+# Answers kept per device set (answer()): a set lives until the next change, and beyond this many
+# different requests on one set each is worked out again (a few KiB per hundred answers).
+MAX_ANSWERS_PER_SET = 1024
+_E = TypeVar("_E")  # what the caller makes of an answer (the servicer: its wire bytes and its log line)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,34 @@ def allocate(
         cdi_devices=tuple(dict.fromkeys([*own_cdi.values(), *(name for d in chosen for name in d.cdi_devices)])),
         cdi_unlisted=unlisted,
     )
+
+
+def answer(
+    devices: DeviceSet,
+    requested: tuple[str, ...],
+    encode: Callable[[ContainerAllocation], _E],
+    *,
+    resource_name: str = "",
+    cdi_mode: str = "off",
+    cdi_listed: frozenset[str] | None = None,
+) -> tuple[ContainerAllocation, _E]:
+    """allocate() and encode() of its result, worked out once per device set for each distinct request.
+
+    allocate() is a pure function of its arguments and a set is immutable, so an answer kept on the
+    set (DeviceSet.memo) is the answer: a kubelet asking for the same devices again, or many pods
+    being given the same few, costs one lookup. A refusal is never kept (it raises each time).
+    `encode` must be pure too (the servicer's wire bytes and log fields); the cache is shared by gRPC threads:
+    one dict, entries added whole, a race makes the same answer twice.
+    """
+    kept: dict[tuple[object, ...], tuple[ContainerAllocation, _E]] = devices.memo("answers", lambda _: {})
+    key = (requested, resource_name, cdi_mode, cdi_listed)
+    found = kept.get(key)
+    if found is None:
+        result = allocate(devices, requested, resource_name=resource_name, cdi_mode=cdi_mode, cdi_listed=cdi_listed)
+        found = (result, encode(result))
+        if len(kept) < MAX_ANSWERS_PER_SET:
+            kept[key] = found
+    return found
 
 
 def _in_spec(resource_name: str, device: Device) -> bool:

@@ -241,6 +241,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._device_ids: dict[str, set[str]] = {}
         self._allocated_series: dict[str, tuple[Any, Any]] = {}  # resource -> its Allocate success series
+        self._device_series: dict[tuple[str, str], Any] = {}  # (resource, device ID) -> its allocations series
         self.queue_events = dict.fromkeys(QUEUE_EVENTS, 0)
         self.input_rejected = dict.fromkeys(PLUGIN_INPUT_REASONS, 0)
         self.peers = Peers()
@@ -285,6 +286,7 @@ class Metrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             self._allocated_series.clear()  # looked up again, now on the real families
+            self._device_series.clear()
             self._registry = r
             return r
 
@@ -307,6 +309,9 @@ class Metrics:
     def remove_resource(self, resource: str) -> None:
         """Drop every series of a resource a reload removed (the label values colad itself created)."""
         self._allocated_series.pop(resource, None)
+        with self._lock:
+            for key in [k for k in self._device_series if k[0] == resource]:
+                del self._device_series[key]
         for family, values in (
             (self.allocate_requests, [(resource, r) for r in ALLOCATE_RESULTS]),
             (self.pre_start_requests, [(resource, r) for r in PRE_START_RESULTS]),
@@ -335,11 +340,18 @@ class Metrics:
             )
         series[0].inc()
         series[1].inc(len(ids))
-        if self.per_device:
-            with self._lock:
-                self._device_ids.setdefault(resource, set()).update(ids)
-            for device_id in ids:
-                self.device_allocations.labels(resource, device_id).inc()
+        if not self.per_device:
+            return
+        kept = self._device_series
+        for device_id in ids:
+            # Known series from the dict; under the lock only a new one, made and named in _device_ids at once,
+            # so forget_devices, which drops both under the lock, never leaves a series it does not know of.
+            child = kept.get((resource, device_id))
+            if child is None:
+                with self._lock:
+                    self._device_ids.setdefault(resource, set()).add(device_id)
+                    child = kept[(resource, device_id)] = self.device_allocations.labels(resource, device_id)
+            child.inc()
 
     def forget_devices(self, resource: str, present: set[str]) -> None:
         """Drop per-device series of devices that are gone, so labels stay bounded by the device count."""
@@ -349,6 +361,8 @@ class Metrics:
             known = self._device_ids.get(resource, set())
             gone = known - present
             known &= present
+            for device_id in gone:
+                self._device_series.pop((resource, device_id), None)
         for device_id in sorted(gone):
             _remove(self.device_allocations, resource, device_id)
 

@@ -8,6 +8,8 @@ Neighbours: plugin.py builds servers from here and drives their life cycle.
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -123,6 +125,16 @@ def to_container_response(result: allocation.ContainerAllocation) -> pb.Containe
     )
 
 
+def _encode(resource: str, result: allocation.ContainerAllocation) -> tuple[bytes, str]:
+    """One container's answer as an AllocateResponse holding only it, and its log line but `check` (kept by answer)."""
+    wire = pb.AllocateResponse(container_responses=[to_container_response(result)]).SerializeToString()
+    fields = {
+        "resource": resource, "devices": ",".join(result.device_ids), "device_nodes": len(result.device_nodes),
+        "mounts": len(result.mounts), "cdi": len(result.cdi_devices),
+    }  # fmt: skip
+    return wire, f"msg=allocate {log.format_fields(fields)} check="
+
+
 CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
 
 
@@ -164,6 +176,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.events = events
         self._streams = 0
         self._lock = threading.Lock()
+        self._encode = functools.partial(_encode, resource)
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         return self.options
@@ -206,12 +219,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     self.cdi_specs.read(self.cdi_spec_dir(), self.resource) if mode in allocation.CDI_NAMING else None
                 )
                 names = None if listed is None else listed.names
-                results = [
-                    allocation.allocate(
-                        devices, list(c.devices_ids), resource_name=self.resource, cdi_mode=mode, cdi_listed=names
+                answers = [
+                    allocation.answer(
+                        devices, tuple(c.devices_ids), self._encode, resource_name=self.resource, cdi_mode=mode,
+                        cdi_listed=names,
                     )
                     for c in request.container_requests
-                ]
+                ]  # fmt: skip
             except AllocationError as exc:
                 code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
                 if check:
@@ -222,23 +236,19 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     ).inc()
                 LOG.warning("allocate refused", resource=self.resource, reason=str(exc), check=check)
                 context.abort(code, str(exc))
-            response = pb.AllocateResponse(container_responses=[to_container_response(r) for r in results])
+            # Concatenated one-container AllocateResponses are the response of all (protobuf merges repeated fields).
+            response = pb.AllocateResponse.FromString(b"".join(encoded[0] for _result, encoded in answers))
+            results = [result for result, _encoded in answers]
             if listed is not None:
                 self._note_cdi(listed, results, check)
-            for result in results:
+            for result, (_wire, line) in answers:
                 if check:
                     self.metrics.check_allocations.inc()
                 else:
                     self.metrics.allocated(self.resource, result.device_ids)
-                LOG.info(
-                    "allocate",
-                    resource=self.resource,
-                    devices=",".join(result.device_ids),
-                    device_nodes=len(result.device_nodes),
-                    mounts=len(result.mounts),
-                    cdi=len(result.cdi_devices),
-                    check=check,
-                )
+                # LOG.info("allocate", ...)'s line, its fields but `check` formatted once per answer (_encode).
+                if LOG.isEnabledFor(logging.INFO):
+                    LOG.logger.info("%s", f"{line}{check}")
             return response
         finally:
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
