@@ -2,8 +2,9 @@
 
 Both trees run under the real supervisord with their own fake kubelet (bench.subjects), round by
 round in alternating order: plugin and supervisord CPU per one-device change, per sequential
-Allocate and per Allocate from 16 callers, and the Allocate p50/p99. `--devices N` holds N device
-files; `--profile` records the new tree's plugin with py-spy (GIL holders only) and prints its top frames.
+Allocate and per Allocate from 16 callers, and the Allocate p50/p99. `--baseline` adds
+bench/baseline_plugin.py to the rounds; `--devices N` holds N device files; `--profile` records each
+plugin with py-spy (GIL holders only) and prints its top frames.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from bench import ab, measure
-from bench.subjects import Colad, Subject, settle
+from bench.subjects import Baseline, Colad, PluginUnderTest, Subject, settle
 
 PHASES = ("change", "allocate", "allocate16")
 PY_SPY = Path(sys.executable).parent / "py-spy"
@@ -29,29 +30,42 @@ REPO = Path(__file__).resolve().parent.parent
 def _spy(pid: int, raw: str | None) -> subprocess.Popen[bytes] | None:
     if raw is None or not PY_SPY.exists():
         return None
-    args = [str(PY_SPY), "record", "--pid", str(pid), "--format", "raw", "-o", raw, "--rate", "500", "--gil"]
-    spy = subprocess.Popen([*args, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.environ.get("PROFILE_ALLOCATE_PERF") and shutil.which("perf"):  # native: which library spends the CPU
+        args = ["perf", "record", "-F", "2000", "-o", raw.replace(".txt", ".perf"), "-p", str(pid)]
+    else:
+        args = [str(PY_SPY), "record", "--pid", str(pid), "--format", "raw", "-o", raw, "--rate", "500", "--gil"]
+        args.append("--nonblocking")
+    spy = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     settle(1.0)  # attached
     return spy
 
 
 def one_round(
-    trees: dict[str, str], devices: int, count: int, spy_dir: str | None, env: dict[str, str] | None = None
+    trees: dict[str, str],
+    devices: int,
+    count: int,
+    spy_dir: str | None,
+    env: dict[str, str] | None = None,
+    phases: tuple[str, ...] = PHASES,
 ) -> dict[str, dict[str, float]]:
     base = Path(tempfile.mkdtemp(prefix="colad-pa-"))
     names = {f"cola-{i:05d}" for i in range(devices)}
     subjects = []
     for name, tree in trees.items():
-        # This tree's own code, not whatever the installed colad is; --colad-env for this tree only.
-        colad = Colad(tree=tree or str(REPO), extra_env=env if name == "new" else None)
-        colad.name = name
-        subjects.append(Subject(colad, base / name))
+        plugin: PluginUnderTest
+        if name == "baseline":
+            plugin = Baseline()
+        else:
+            # This tree's own code, not whatever the installed colad is; --colad-env for this tree only.
+            plugin = Colad(tree=tree or str(REPO), extra_env=env if name == "new" else None)
+            plugin.name = name
+        subjects.append(Subject(plugin, base / name))
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
     try:
         for s in subjects:
             measure.cold_start(s, names, "first-change")
         wanted = sorted(names)[:8]
-        for phase in PHASES:
+        for phase in phases:
             settle(1.5)
             spies = {
                 s.name: _spy(s.plugin.pids()["plugin"], os.path.join(spy_dir, f"pa-{s.name}-{phase}.txt"))
@@ -72,7 +86,7 @@ def one_round(
                     spy.wait(30)
             for s in subjects:
                 out[s.name][f"{phase}_plugin_ms"] = cpu[s.name]["plugin"]
-                out[s.name][f"{phase}_supervisord_ms"] = cpu[s.name]["supervisord"]
+                out[s.name][f"{phase}_supervisord_ms"] = cpu[s.name].get("supervisord", 0.0)
                 out[s.name][f"{phase}_total_ms"] = cpu[s.name]["total"]
                 if phase != "change":
                     out[s.name][f"{phase}_p50_ms"] = measure.percentile(seconds[s.name], 50) * 1000
@@ -94,14 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=400, help="changes and Allocate calls per phase")
     parser.add_argument("--profile", action="store_true", help="py-spy on each tree's plugin, top frames per phase")
     parser.add_argument("--colad-env", action="append", default=[], metavar="NAME=VALUE", help="this tree only")
+    parser.add_argument("--baseline", action="store_true", help="bench/baseline_plugin.py in every round too")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)}")
     args = parser.parse_args(argv)
     trees = {"new": ""} | ({"old": str(Path(args.old).resolve())} if args.old else {})
+    trees |= {"baseline": ""} if args.baseline else {}
+    phases = tuple(p for p in args.phases.split(",") if p in PHASES)
     spy_dir = tempfile.mkdtemp(prefix="pa-spy-") if args.profile else None
     rounds = []
     for r in range(args.rounds):
         order = dict(reversed(trees.items())) if r % 2 else trees
         spy = spy_dir if r == args.rounds - 1 else None
-        rounds.append(one_round(order, args.devices, args.count, spy, dict(e.split("=", 1) for e in args.colad_env)))
+        env = dict(e.split("=", 1) for e in args.colad_env)
+        rounds.append(one_round(order, args.devices, args.count, spy, env, phases))
         print(f"round {r + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
     print(f"{args.devices} devices, {args.count} operations per phase; {args.rounds} rounds, median [min..max]")
     for key in rounds[0]["new"]:
@@ -110,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             values = [r[name][key] for r in rounds]
             medians[name] = statistics.median(values)
             row.append(f"{name} {medians[name]:8.3f} [{min(values):.3f}..{max(values):.3f}]")
-        if "old" in medians and medians["old"]:
-            row.append(f"new/old {medians['new'] / medians['old']:.2f}")
+        for other in ("old", "baseline"):
+            if medians.get(other):
+                row.append(f"new/{other} {medians['new'] / medians[other]:.2f}")
         print(f"  {key:24} " + "   ".join(row))
     if spy_dir:
+        for data in sorted(Path(spy_dir).glob("pa-*.perf")):
+            print(f"\n== perf {data.stem}: CPU per library (perf report -i {data} --sort dso)")
         for raw in sorted(Path(spy_dir).glob("pa-*.txt")):
             print(f"\n== py-spy {raw.stem}: inclusive samples per frame, GIL held ({raw})")
             for n, frame in ab.top_frames(str(raw), 40):
