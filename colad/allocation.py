@@ -31,8 +31,8 @@ EXACT_NUMA_SEARCH_LIMIT = 8
 CDI_MODES = ("both", "only", "off")
 CDI_NAMING = CDI_MODES[:2]  # the modes that name colad's CDI devices
 # Answers kept per device set (answer()): a set lives until the next change, and beyond this many
-# different requests on one set each is worked out again (a few KiB per hundred answers).
-MAX_ANSWERS_PER_SET = 1024
+# different requests on one set each is worked out again (~1.5 KiB an answer of two devices: ~200 KiB a set).
+MAX_ANSWERS_PER_SET = 128
 _E = TypeVar("_E")  # what the caller makes of an answer (the servicer: its wire bytes and its log line)
 
 
