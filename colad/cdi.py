@@ -323,12 +323,15 @@ class SpecReader:
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[tuple[int, int, int, int], Listed]] = {}
+        self._paths: dict[tuple[str, str], str] = {}  # (spec dir, resource) -> the file's path: joined once
         self.reads = 0  # files read and parsed (the cache misses)
 
     def read(self, spec_dir: str, resource_name: str) -> Listed:
         if not spec_dir:
             return Listed(reason="missing", problem="no cdi_spec_dir is configured")
-        path = os.path.join(spec_dir, file_name(resource_name))
+        path = self._paths.get((spec_dir, resource_name))
+        if path is None:
+            path = self._paths[(spec_dir, resource_name)] = os.path.join(spec_dir, file_name(resource_name))
         try:
             st = os.stat(path)
         except FileNotFoundError:
