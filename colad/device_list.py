@@ -42,7 +42,7 @@ def _varint(value: int) -> bytes:
 
 def list_entry(device: Device) -> bytes:
     """`device` as one element of a serialized ListAndWatchResponse: tag, length, protobuf's own Device bytes."""
-    cached: bytes | None = device.__dict__.get(_ENTRY)
+    cached: bytes | None = getattr(device, _ENTRY, None)  # a slot (devices.Device)
     if cached is None:
         body = _device(device).SerializeToString()
         cached = _DEVICES_TAG + _varint(len(body)) + body
@@ -54,7 +54,7 @@ def encoded_list(devices: DeviceSet) -> bytes:
     """The serialized ListAndWatchResponse of `devices`: byte for byte what protobuf makes of to_response()."""
     cached: bytes | None = devices.__dict__.get(_LIST)
     if cached is None:
-        cached = b"".join([d.__dict__.get(_ENTRY) or list_entry(d) for d in devices])
+        cached = b"".join([getattr(d, _ENTRY, None) or list_entry(d) for d in devices])
         object.__setattr__(devices, _LIST, cached)
     return cached
 

@@ -9,9 +9,15 @@ imports it on the first device it encodes or decodes: a KubeletState's sender ne
 from __future__ import annotations
 
 from collections.abc import Iterable
-from hashlib import blake2b
 
-from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES
+try:
+    # hashlib's blake2b is this builtin (hashlib never takes OpenSSL's blake2); importing hashlib would
+    # load _hashlib and libcrypto into discovery and kubelet-watch: 0.75-1 MiB PSS each (#14).
+    from _blake2 import blake2b
+except ImportError:  # an interpreter without the builtin module: the same function through hashlib
+    from hashlib import blake2b
+
+from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES, UNHEALTHY
 from colad.device_rules import MAX_COMMAND_ARGS
 from colad.devices import (
     HEALTH_VALUES,
@@ -127,7 +133,8 @@ def device_from_wire(obj: object) -> Device:
             raise ValueError("device entry is not [id, health] or an object")
         # The bare pair is most of a large snapshot: an ID and a health are all there is to check.
         if obj[1] in HEALTH_VALUES and id_problem(obj[0]) is None:
-            return Device(obj[0], obj[1])
+            # The constant, not the decoded string: JSON makes a new 56-byte str per entry (#14).
+            return Device(obj[0], HEALTHY if obj[1] == HEALTHY else UNHEALTHY)
         obj = {"id": obj[0], "health": obj[1]}  # a defect: the general path names it
     if not isinstance(obj, dict):
         raise ValueError("device entry is not [id, health] or an object")

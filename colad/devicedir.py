@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,17 @@ from colad.devices import Device
 # clean" index entries, a file whose mtime or ctime is not older than the read by this window is
 # read again at every scan, and once more when the window has passed (a follow-up rescan).
 RACY_WINDOW_NS = 2_000_000_000
+# A file's (ino, size, mtime_ns, ctime_ns) kept as one 32-byte bytes object, 65 bytes a device: the
+# tuple held three large ints besides, 184 bytes a device (#14). Times may be negative.
+_KEY = struct.Struct("=Qqqq")
+
+
+def pack_key(key: tuple[int, int, int, int]) -> bytes | tuple[int, int, int, int]:
+    """The key as 32 bytes; the tuple itself when a value does not fit (a time past 2262, say)."""
+    try:
+        return _KEY.pack(*key)
+    except struct.error:
+        return key
 
 
 def list_regular_files(path: str) -> tuple[list[str], bool]:
@@ -65,7 +77,7 @@ def racy(mtime_ns: int, ctime_ns: int, read_ns: int, window_ns: int = RACY_WINDO
 
 @dataclass(frozen=True, slots=True)  # one per device file: slots save 40 of its 112 bytes
 class Cached:
-    key: tuple[int, int, int, int] | None  # (ino, size, mtime_ns, ctime_ns); None: read again next time
+    key: bytes | tuple[int, int, int, int] | None  # pack_key((ino, size, mtime_ns, ctime_ns)); None: read again
     device: Device
     size: int  # device_wire.device_wire_size(device)
     settles_ns: int | None = None  # racy until this wall-clock time: read again at every scan until then
@@ -81,7 +93,8 @@ class Cached:
         settles = None
         if key is not None and racy(key[2], key[3], read_ns):
             settles = max(key[2], key[3]) + RACY_WINDOW_NS + 1
-        return Cached(key, device, device_wire.device_wire_size(device) if size is None else size, settles)
+        packed = None if key is None else pack_key(key)
+        return Cached(packed, device, device_wire.device_wire_size(device) if size is None else size, settles)
 
 
 # A bare entry is its ID and health, unescaped (device_wire.device_entry): its size is the ID's plus this.
@@ -114,7 +127,7 @@ def read_device(
     if not stat.S_ISREG(st.st_mode):
         return None
     key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if known is not None and known.key == key and known.settles_ns is None:
+    if known is not None and known.key == pack_key(key) and known.settles_ns is None:
         return known
     if st.st_size == 0:
         return empty_file_device(device_id, key, read_ns)

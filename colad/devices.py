@@ -103,8 +103,15 @@ class Mount:
     optional: bool = False  # as DeviceNode.optional
 
 
-@dataclass(frozen=True, order=True)
-class Device:
+class _Kept:
+    """What other modules keep on a Device outside its fields (never compared, hashed or encoded):
+    slots, so that a Device has no __dict__ (176 -> 152 bytes, and no 64-byte dict made by a read)."""
+
+    __slots__ = ("_colad_replicas", "_cdi_encoded", "_colad_list_entry")  # devices, cdi, device_list
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Device(_Kept):
     """One advertised device and what a container that gets it receives.
 
     `problem` says why a device file is malformed (the device is then Unhealthy
