@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch"}
-NEVER = ("typing", "colad.queue", "colad.statefile", "colad.socketpath")
+NEVER = ("typing", "colad.queue", "colad.statefile", "colad.socketpath", "_hashlib")
 
 
 def loaded(module: str, config_text: str, tmp_path: Path) -> set[str]:
