@@ -74,9 +74,12 @@ class DeviceBroadcast:
 
     def update(self, devices: DeviceSet) -> bool:
         with self._cond:
-            if devices == self._devices:
+            if devices is self._devices:
                 return False
             visible = encoded_list(devices) != encoded_list(self._devices)  # cached on each set
+            # A set the kubelet sees differently is a change: no O(devices) __eq__ for it (py-spy, #14).
+            if not visible and devices == self._devices:
+                return False
             self._devices = devices
             if visible:
                 self._version += 1
