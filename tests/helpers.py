@@ -50,7 +50,19 @@ def wait_until(
     raise WaitTimeout(text)
 
 
-def metrics_address(run_dir: Path, timeout: float = 10.0) -> str:
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET, an HTTP error's too (the plugin's /healthz, /readyz, /metrics)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metrics_address(run_dir: Path, timeout: float = 20.0) -> str:
     """host:port of the plugin's metrics endpoint, from its state file, once it is up.
 
     The plugin starts /metrics, /healthz and /readyz after its first Register (fef334e): until then

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from colad import watchdog
-from tests.e2e.test_hostile_plugin import get, metrics_address
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -46,34 +45,34 @@ def status(colad: ColadService) -> tuple[int, str]:
 
 def test_healthz_and_status_name_a_stopped_role(service: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    url = f"http://{metrics_address(service)}/healthz"
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200", logs=[service.log_path])
+    url = f"http://{metrics_address(service.run_dir)}/healthz"
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200", logs=[service.log_path])
     service.expect_restart("kubelet-watch")
     service.rpc().supervisor.stopProcess("colad:kubelet-watch")
-    code, body = wait_until(lambda: (r := get(url))[0] == 503 and r, 10, "/healthz 503 with a role stopped")
+    code, body = wait_until(lambda: (r := http_get(url))[0] == 503 and r, 10, "/healthz 503 with a role stopped")
     assert "kubelet-watch is STOPPED" in body
     rc, out = status(service)
     assert rc == 1 and "problem: kubelet-watch is STOPPED" in out, out
     # The devices are still with the kubelet: health is about colad, not about the list alone.
     assert kubelet.devices() == dict.fromkeys(BASE, "Healthy")
     service.rpc().supervisor.startProcess("colad:kubelet-watch")
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200 again", logs=[service.log_path])
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200 again", logs=[service.log_path])
     assert status(service)[0] == 0
 
 
 @pytest.mark.parametrize("service", [{"COLAD_RESCAN_INTERVAL": "1"}], indirect=True)
 def test_healthz_says_a_hung_discovery_may_serve_a_stale_list(service: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    url = f"http://{metrics_address(service)}/healthz"
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200", logs=[service.log_path])
+    url = f"http://{metrics_address(service.run_dir)}/healthz"
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200", logs=[service.log_path])
     pid = service.pids()["discovery"]
     os.kill(pid, signal.SIGSTOP)  # alive and RUNNING for supervisord, but silent: what a hang looks like
     try:
-        _, body = wait_until(lambda: (r := get(url))[0] == 503 and r, 40, "/healthz 503 for a silent discovery")
+        _, body = wait_until(lambda: (r := http_get(url))[0] == 503 and r, 40, "/healthz 503 for a silent discovery")
         assert "discovery silent for" in body and "list may be stale" in body
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200 once discovery reports", logs=[service.log_path])
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200 once discovery reports", logs=[service.log_path])
     assert service.pids()["discovery"] == pid
 
 
@@ -100,12 +99,14 @@ def _fatal(colad: ColadService, program: str, deadline: float = 240.0) -> None:
 
 def test_a_fatal_role_is_started_again_by_the_watchdog(service: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    url = f"http://{metrics_address(service)}/healthz"
+    url = f"http://{metrics_address(service.run_dir)}/healthz"
     old = service.wait_running()
     service.expect_restart("discovery", times=None)
     _fatal(service, "discovery")
     fatal_at = time.monotonic()
-    code, body = wait_until(lambda: (r := get(url))[0] == 503 and "FATAL" in r[1] and r, 10, "/healthz names FATAL")
+    code, body = wait_until(
+        lambda: (r := http_get(url))[0] == 503 and "FATAL" in r[1] and r, 10, "/healthz names FATAL"
+    )
     assert "discovery is FATAL" in body
     rc, out = status(service)
     assert rc == 1 and "problem: discovery is FATAL" in out and "restart: colad:discovery in " in out, out
@@ -116,7 +117,7 @@ def test_a_fatal_role_is_started_again_by_the_watchdog(service: ColadService, ku
     assert new["plugin"] == old["plugin"] and new["kubelet-watch"] == old["kubelet-watch"]
     service.add("after-fatal")
     kubelet.wait_devices(BASE | {"after-fatal"}, timeout=30)
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200 after recovery", logs=[service.log_path])
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200 after recovery", logs=[service.log_path])
     log = "\n".join(service.log_lines("proc=watchdog"))
     assert "colad:discovery in 10s (FATAL 1 in a row)" in log and 'msg="role started again" role=colad:discovery' in log
     assert "Traceback" not in log

@@ -8,11 +8,8 @@ nothing foreign removed.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,30 +17,14 @@ import pytest
 
 from colad import constants
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
 
 
-def metrics_address(colad: ColadService) -> str:
-    def bound() -> str:
-        state = json.loads((colad.run_dir / "state" / "plugin.json").read_text())
-        return str(state.get("metrics_address", ""))
-
-    return wait_until(bound, 20, "the metrics endpoint bound", logs=[colad.log_path])
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def sample(colad: ColadService, line_start: str) -> float | None:
-    _, text = get(f"http://{metrics_address(colad)}/metrics")
+    _, text = http_get(f"http://{metrics_address(colad.run_dir)}/metrics")
     for line in text.splitlines():
         if line.startswith(line_start + " "):
             return float(line.rsplit(" ", 1)[1])
@@ -89,8 +70,8 @@ def test_a_list_over_the_kubelets_limit_is_cut_and_kept_not_re_registered(
     assert counts[-1] - counts[0] <= 1, counts[:3] + counts[-3:]
     # Deterministic and steady: one registration, one stream, no resend loop.
     registered = len(kubelet.successful_registrations())
-    url = f"http://{metrics_address(service)}/healthz"
-    status, body = wait_until(lambda: (r := get(url))[0] == 503 and "list cut" in r[1] and r, 20, "/healthz 503")
+    url = f"http://{metrics_address(service.run_dir)}/healthz"
+    status, body = wait_until(lambda: (r := http_get(url))[0] == 503 and "list cut" in r[1] and r, 20, "/healthz 503")
     assert f"list cut to {len(devices)} of 70000 device IDs" in body
     assert len(kubelet.successful_registrations()) == registered == 1
     assert kubelet.stream_alive()
@@ -152,8 +133,8 @@ def test_a_foreign_object_at_queue_sock_is_left_alone_and_named(service: ColadSe
     service.add("cocacola")
     service.start()
     pids = service.wait_running(timeout=30)
-    url = f"http://{metrics_address(service)}/healthz"
-    _, body = wait_until(lambda: (r := get(url))[0] == 503 and "queue not listening" in r[1] and r, 30, "named")
+    url = f"http://{metrics_address(service.run_dir)}/healthz"
+    _, body = wait_until(lambda: (r := http_get(url))[0] == 503 and "queue not listening" in r[1] and r, 30, "named")
     assert "is a directory" in body
     assert (queue / "inside").read_text() == "x"
     assert len(service.log_lines("queue socket path holds something colad did not make")) == 1
@@ -161,5 +142,5 @@ def test_a_foreign_object_at_queue_sock_is_left_alone_and_named(service: ColadSe
     (queue / "inside").unlink()
     queue.rmdir()
     kubelet.wait_devices({"cocacola"}, timeout=30)
-    wait_until(lambda: get(url)[0] == 200, 30, "/healthz 200 once the queue listens", logs=[service.log_path])
+    wait_until(lambda: http_get(url)[0] == 200, 30, "/healthz 200 once the queue listens", logs=[service.log_path])
     assert {k: v for k, v in service.pids().items() if k in pids} == pids

@@ -14,26 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
-
-
-def metrics_address(colad: ColadService) -> str:
-    def bound() -> str:
-        state = json.loads((colad.run_dir / "state" / "plugin.json").read_text())
-        return str(state.get("metrics_address", ""))
-
-    return wait_until(bound, 10, "the plugin to report its metrics address")
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def free_port() -> int:
@@ -46,9 +30,9 @@ def test_scrape_passes_promtool_check_metrics(colad: ColadService, kubelet: Fake
     kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
     kubelet.allocate(["cocacola"])
-    address = metrics_address(colad)
+    address = metrics_address(colad.run_dir)
     assert address.startswith("127.0.0.1:")
-    status, text = get(f"http://{address}/metrics")
+    status, text = http_get(f"http://{address}/metrics")
     assert status == 200
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -62,7 +46,7 @@ def test_scrape_passes_promtool_check_metrics(colad: ColadService, kubelet: Fake
     assert not any("_created" in s for s in samples)
     # Counters of the other processes arrive over the queue.
     wait_until(
-        lambda: 'colad_discovery_rescans_total{reason="start"} 1.0' in get(f"http://{address}/metrics")[1],
+        lambda: 'colad_discovery_rescans_total{reason="start"} 1.0' in http_get(f"http://{address}/metrics")[1],
         10,
         "discovery's rescan counter in the scrape",
     )
@@ -70,17 +54,17 @@ def test_scrape_passes_promtool_check_metrics(colad: ColadService, kubelet: Fake
 
 def test_healthz_follows_registration_and_the_stream(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_registered()
-    url = f"http://{metrics_address(colad)}/healthz"
-    ok = wait_until(lambda: (r := get(url))[0] == 200 and r, 10, "/healthz 200")
+    url = f"http://{metrics_address(colad.run_dir)}/healthz"
+    ok = wait_until(lambda: (r := http_get(url))[0] == 200 and r, 10, "/healthz 200")
     assert ok[1].startswith("ok: registered as myway5.com/cola")
     kubelet.stop()
-    down = wait_until(lambda: (r := get(url))[0] == 503 and r, 15, "/healthz 503 while the kubelet is away")
+    down = wait_until(lambda: (r := http_get(url))[0] == 503 and r, 15, "/healthz 503 while the kubelet is away")
     assert len(down[1].strip().splitlines()) == 1
     assert "not registered" in down[1] or "no live ListAndWatch stream" in down[1]
     kubelet.start()
     kubelet.wait_registered(count=2, timeout=15)
-    wait_until(lambda: get(url)[0] == 200, 15, "/healthz 200 after re-registration")
-    assert get(f"http://{metrics_address(colad)}/nothing-here")[0] == 404
+    wait_until(lambda: http_get(url)[0] == 200, 15, "/healthz 200 after re-registration")
+    assert http_get(f"http://{metrics_address(colad.run_dir)}/nothing-here")[0] == 404
 
 
 @pytest.fixture
@@ -90,7 +74,7 @@ def prometheus(colad: ColadService, short_tmp: Path) -> Iterator[str]:
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
-        f"  - job_name: colad\n    static_configs: [{{targets: ['{metrics_address(colad)}']}}]\n"
+        f"  - job_name: colad\n    static_configs: [{{targets: ['{metrics_address(colad.run_dir)}']}}]\n"
     )
     log = open(short_tmp / "prometheus.log", "wb")
     proc = subprocess.Popen(
@@ -106,7 +90,7 @@ def prometheus(colad: ColadService, short_tmp: Path) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}"
     try:
         logs = [short_tmp / "prometheus.log"]
-        wait_until(lambda: get(f"{base}/-/ready")[0] == 200, 30, "Prometheus ready", logs=logs)
+        wait_until(lambda: http_get(f"{base}/-/ready")[0] == 200, 30, "Prometheus ready", logs=logs)
         yield base
     finally:
         proc.terminate()
@@ -115,7 +99,7 @@ def prometheus(colad: ColadService, short_tmp: Path) -> Iterator[str]:
 
 
 def query(base: str, expr: str) -> float | None:
-    status, body = get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
     result = json.loads(body)["data"]["result"] if status == 200 else []
     return float(result[0]["value"][1]) if result else None
 

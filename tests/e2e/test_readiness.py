@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from tests.e2e.test_hostile_plugin import get, metrics_address
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -24,11 +23,11 @@ BASE = {"cocacola", "peisicola"}
 
 def test_readyz_across_a_kubelet_restart(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    address = metrics_address(colad)
+    address = metrics_address(colad.run_dir)
     readyz, healthz = f"http://{address}/readyz", f"http://{address}/healthz"
-    code, body = wait_until(lambda: (r := get(readyz))[0] == 200 and r, 30, "/readyz 200", logs=[colad.log_path])
+    code, body = wait_until(lambda: (r := http_get(readyz))[0] == 200 and r, 30, "/readyz 200", logs=[colad.log_path])
     assert body == "ready: myway5.com/cola, 2 devices\n"
-    assert get(healthz)[0] == 200
+    assert http_get(healthz)[0] == 200
 
     # Poll all the way through the restart: no 200 may be seen between the kubelet going away
     # and colad's list reaching the new one.
@@ -37,7 +36,7 @@ def test_readyz_across_a_kubelet_restart(colad: ColadService, kubelet: FakeKubel
 
     def poll() -> None:
         while not stop.is_set():
-            status, text = get(readyz)
+            status, text = http_get(readyz)
             seen.append((time.monotonic(), status, text))
             time.sleep(0.02)
 
@@ -69,10 +68,10 @@ def test_readyz_across_a_kubelet_restart(colad: ColadService, kubelet: FakeKubel
 
 def test_readyz_follows_the_device_list(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    readyz = f"http://{metrics_address(colad)}/readyz"
-    wait_until(lambda: get(readyz)[0] == 200, 30, "/readyz 200", logs=[colad.log_path])
+    readyz = f"http://{metrics_address(colad.run_dir)}/readyz"
+    wait_until(lambda: http_get(readyz)[0] == 200, 30, "/readyz 200", logs=[colad.log_path])
     colad.add("pepsi")
     kubelet.wait_devices(BASE | {"pepsi"}, timeout=30)
-    wait_until(lambda: get(readyz) == (200, "ready: myway5.com/cola, 3 devices\n"), 30, "/readyz with 3 devices")
-    status, body = get(f"http://{metrics_address(colad)}/nothing")
+    wait_until(lambda: http_get(readyz) == (200, "ready: myway5.com/cola, 3 devices\n"), 30, "/readyz with 3 devices")
+    status, body = http_get(f"http://{metrics_address(colad.run_dir)}/nothing")
     assert status == 404 and "/readyz" in body

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 
 from colad import supervise, watchdog
-from tests.e2e.test_hostile_plugin import get, metrics_address
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import PROGRAMS, ColadService
 
 pytestmark = pytest.mark.e2e
@@ -126,12 +125,14 @@ def test_no_watchdog_process_runs_and_supervisord_hosts_it(failing: ColadService
 
 def test_a_failing_role_is_started_again_after_a_doubling_backoff(failing: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE, timeout=30)
-    url = f"http://{metrics_address(failing)}/healthz"
+    url = f"http://{metrics_address(failing.run_dir)}/healthz"
     old = failing.wait_running()
     make_discovery_fail(failing)
     first = watchdog_lines(failing, "colad:discovery in 10s (FATAL 1 in a row)", 1, 60)[0]
     # Meanwhile: FATAL is named by /healthz and `colad status`, with the watchdog's coming start.
-    code, body = wait_until(lambda: (r := get(url))[0] == 503 and "FATAL" in r[1] and r, 15, "/healthz names FATAL")
+    code, body = wait_until(
+        lambda: (r := http_get(url))[0] == 503 and "FATAL" in r[1] and r, 15, "/healthz names FATAL"
+    )
     assert "discovery is FATAL" in body
     rc, out = status(failing)
     assert rc == 1 and "problem: discovery is FATAL" in out, out

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from colad.plugin import Plugin
 from colad.queue import Peer
 from colad.service import build_server
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, wait_until
 from tests.integration.support import make_config
 
 pytestmark = pytest.mark.integration
@@ -66,14 +64,6 @@ def started(short_tmp: Path) -> Iterator[Started]:
     assert s.kubelet.violations == []
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_observers_wait_for_the_first_register_and_count_what_came_before(started: Started) -> None:
     plugin = started.plugin
     wait_until(lambda: os.path.exists(started.cfg.plugin_state_file), DEADLINE, "the first state file")
@@ -89,9 +79,10 @@ def test_observers_wait_for_the_first_register_and_count_what_came_before(starte
     address = wait_until(lambda: plugin.published.state.metrics_address, DEADLINE, "the metrics address published")
     assert plugin.metrics.bound and plugin.inuse is not None
     wait_until(lambda: started.kubelet.devices(RESOURCE) == {"cola1": "Healthy", "cola2": "Healthy"}, DEADLINE, "list")
-    code, body = wait_until(lambda: (r := get(f"http://{address}/readyz"))[0] == 200 and r, DEADLINE, "/readyz 200")
+    readyz = f"http://{address}/readyz"
+    code, body = wait_until(lambda: (r := http_get(readyz))[0] == 200 and r, DEADLINE, "/readyz 200")
     assert body == f"ready: {RESOURCE}, 2 devices\n"
-    _, text = get(f"http://{address}/metrics")
+    _, text = http_get(f"http://{address}/metrics")
     # Counted before the registry existed: the server started for the first Register, the set's change.
     assert f'colad_plugin_server_restarts_total{{reason="start",resource="{RESOURCE}"}} 1.0' in text
     assert f'colad_device_set_changes_total{{resource="{RESOURCE}"}} 1.0' in text
