@@ -15,7 +15,7 @@ import pytest
 from colad.endpoint import Endpoint
 from colad.plugin import STATE_FILE_INTERVAL
 from tests.helpers import wait_until
-from tests.integration.test_shell_state_file import DEADLINE, Shell
+from tests.integration.test_shell_state_file import DEADLINE, Shell, running
 
 pytestmark = pytest.mark.integration
 
@@ -23,20 +23,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def quiet(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
     """A shell registered with one device, its file up to date, quiet for an interval since."""
-    s = Shell(short_tmp, monkeypatch)
-    s.kubelet.start()
-    s.thread.start()
-    s.send("cola-0")
-    wait_until(s.settled, DEADLINE, "registered, streamed, list sent")
-    s.clock.now += STATE_FILE_INTERVAL
-    wait_until(lambda: s.on_disk() == s.plugin.published.state, DEADLINE, "the file up to date")
-    s.clock.now += STATE_FILE_INTERVAL
-    yield s
-    s.plugin.stop()
-    s.thread.join(15)
-    s.kubelet.stop()
-    assert not s.thread.is_alive() and s.result == [0]
-    assert s.kubelet.violations == []
+    with running(short_tmp, monkeypatch) as s:
+        s.send("cola-0")
+        wait_until(s.settled, DEADLINE, "registered, streamed, list sent")
+        s.clock.now += STATE_FILE_INTERVAL
+        wait_until(lambda: s.on_disk() == s.plugin.published.state, DEADLINE, "the file up to date")
+        s.clock.now += STATE_FILE_INTERVAL
+        yield s
 
 
 def test_a_lone_change_is_written_once_with_its_send(quiet: Shell) -> None:

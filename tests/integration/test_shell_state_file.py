@@ -7,6 +7,7 @@ is the test's, so "within the interval" is a step of that clock, never a wall-cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -80,9 +81,10 @@ class Shell:
         return r.registered and r.streams == 1 and r.list_sent
 
 
-@pytest.fixture
-def shell(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
-    s = Shell(short_tmp, monkeypatch)
+@contextlib.contextmanager
+def running(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
+    """A started Shell; on the way out it stops, and must have exited 0 with no kubelet violation."""
+    s = Shell(root, monkeypatch)
     s.kubelet.start()
     s.thread.start()
     yield s
@@ -91,6 +93,12 @@ def shell(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
     s.kubelet.stop()
     assert not s.thread.is_alive() and s.result == [0]
     assert s.kubelet.violations == []
+
+
+@pytest.fixture
+def shell(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
+    with running(short_tmp, monkeypatch) as s:
+        yield s
 
 
 def test_a_burst_of_changes_costs_one_write_and_the_file_catches_up(shell: Shell) -> None:

@@ -42,8 +42,9 @@ CASES = {
 }
 
 
-def loaded(module: str, tmp_path: Path) -> set[str]:
-    (tmp_path / "colad.toml").write_text("")
+def loaded(module: str, tmp_path: Path, config_text: str = "") -> set[str]:
+    """sys.modules of a fresh interpreter that imported the CLI and `module`, then loaded a config of `config_text`."""
+    (tmp_path / "colad.toml").write_text(config_text)
     code = (
         f"import sys, colad.cli, {module}\n"
         "from colad import config\n"

@@ -8,10 +8,7 @@ as one built first. And a fresh interpreter that imports the plugin loads no pro
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from colad.metrics import Metrics
+from tests.unit.test_footprint_imports import loaded
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
@@ -124,17 +122,7 @@ def test_a_series_removed_before_bind_is_not_exported() -> None:
 
 def test_the_plugin_loads_no_prometheus_client_http_server_or_prepare_before_register(tmp_path: Path) -> None:
     """What `colad plugin` imports before its first Register: the CLI, the config, colad.plugin."""
-    (tmp_path / "colad.toml").write_text("")
-    code = (
-        "import sys, colad.cli, colad.plugin\n"
-        "from colad import config\n"
-        "config.load({})\n"
-        "print(' '.join(sorted(sys.modules)))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
-    env["COLAD_CONFIG"] = str(tmp_path / "colad.toml")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    modules = set(out.stdout.split())
+    modules = loaded("colad.plugin", tmp_path)
     assert "colad.plugin" in modules and "grpc" in modules
     unwanted = (
         "prometheus_client", "colad.collectors", "colad.httpserver", "wsgiref", "http.server", "colad.status",

@@ -14,30 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_footprint_imports import loaded
+
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch"}
 NEVER = ("typing", "colad.queue", "colad.statefile", "colad.socketpath", "_hashlib")
 
 
-def loaded(module: str, config_text: str, tmp_path: Path) -> set[str]:
-    (tmp_path / "colad.toml").write_text(config_text)
-    code = f"import sys, colad.cli, {module}\nfrom colad import config\nconfig.load({{}})\nprint(' '.join(sys.modules))"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
-    env["COLAD_CONFIG"] = str(tmp_path / "colad.toml")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
-
-
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_a_small_role_with_a_commented_config_loads_neither_tomllib_nor_typing(role: str, tmp_path: Path) -> None:
-    modules = loaded(ROLES[role], "# every key commented, as the sample\n# log_level = 'INFO'\n", tmp_path)
+    modules = loaded(ROLES[role], tmp_path, "# every key commented, as the sample\n# log_level = 'INFO'\n")
     assert ROLES[role] in modules
     assert sorted(m for m in NEVER + ("tomllib",) if m in modules) == []
 
 
 def test_a_config_with_content_is_parsed_by_tomllib(tmp_path: Path) -> None:
-    modules = loaded(ROLES["kubelet-watch"], 'log_level = "DEBUG"\n', tmp_path)
+    modules = loaded(ROLES["kubelet-watch"], tmp_path, 'log_level = "DEBUG"\n')
     assert "tomllib" in modules
     assert sorted(m for m in NEVER if m in modules and m != "typing") == []
 
