@@ -32,6 +32,23 @@ def interleave(
     return figures
 
 
+def compare(
+    trees: dict[str, Path],
+    phases: list[str],
+    rounds: int,
+    profile: str,
+    run: Callable[[Path, str, str | None], dict[str, float]],
+) -> None:
+    """The whole comparison: `rounds` interleaved, the table, then (with a `profile` prefix) py-spy's frames.
+
+    `run(tree, phase, raw)` measures one phase of one tree and returns its figures; with `raw`, under py-spy.
+    """
+    figures = interleave(trees, phases, rounds, lambda tree, phase: run(tree, phase, None))
+    table(trees, phases, figures, rounds)
+    if profile:
+        profiles(trees, phases, profile, run)
+
+
 def table(trees: dict[str, Path], phases: list[str], figures: Figures, rounds: int) -> None:
     for phase in phases:
         print(f"\n== {phase} (median of {rounds}, [min..max])")

@@ -22,7 +22,6 @@ from typing import Any
 from bench.measure import cold_start
 from bench.subjects import Baseline, Colad, Subject
 
-ROLES = ("plugin", "discovery", "kubelet-watch")
 DEVICES = {f"dev-{i}" for i in range(10)}
 _COLAD = re.compile(r"^ts=(\S+)Z level=\S+ proc=(\S+) msg=(\"[^\"]*\"|\S+)(.*)$")
 _SUPERVISORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (.*)$")

@@ -301,11 +301,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it
     from bench import ab
 
-    phases = args.phases.split(",")
-    figures = ab.interleave(trees, phases, args.rounds, lambda tree, phase: run_child(tree, phase, None, args.queue))
-    ab.table(trees, phases, figures, args.rounds)
-    if args.profile:
-        ab.profiles(trees, phases, "profile-plugin", lambda tree, phase, raw: run_child(tree, phase, raw, args.queue))
+    run = lambda tree, phase, raw: run_child(tree, phase, raw, args.queue)  # noqa: E731
+    ab.compare(trees, args.phases.split(","), args.rounds, "profile-plugin" if args.profile else "", run)
     return 0
 
 
