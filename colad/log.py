@@ -29,6 +29,11 @@ def format_fields(fields: dict[str, object]) -> str:
     return " ".join(f"{key}={quote(value)}" for key, value in fields.items())
 
 
+def event_line(msg: str, fields: dict[str, object]) -> str:
+    """The text of one event: `msg="what happened" key=value ...`."""
+    return f"msg={quote(msg)} {format_fields(fields)}" if fields else f"msg={quote(msg)}"
+
+
 class EventLogger:
     """`LOG.info("what happened", key=value, ...)` -> `msg="what happened" key=value`.
 
@@ -41,10 +46,12 @@ class EventLogger:
     def _emit(self, level: int, msg: str, fields: dict[str, object], exc_info: bool = False) -> None:
         if not self.logger.isEnabledFor(level):
             return
-        line = f"msg={quote(msg)}"
-        if fields:
-            line += " " + format_fields(fields)
-        self.logger.log(level, "%s", line, exc_info=exc_info, stacklevel=3)
+        self.logger.log(level, "%s", event_line(msg, fields), exc_info=exc_info, stacklevel=3)
+
+    def formatted(self, level: int, line: str) -> None:
+        """A line event_line() made earlier (a hot path keeps it: the servicer's Allocate answers)."""
+        if self.logger.isEnabledFor(level):
+            self.logger.log(level, "%s", line, stacklevel=2)
 
     def debug(self, msg: str, **fields: object) -> None:
         self._emit(logging.DEBUG, msg, fields)

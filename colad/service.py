@@ -135,7 +135,7 @@ def _encode(resource: str, result: allocation.ContainerAllocation) -> tuple[byte
         "resource": resource, "devices": ",".join(result.device_ids), "device_nodes": len(result.device_nodes),
         "mounts": len(result.mounts), "cdi": len(result.cdi_devices),
     }  # fmt: skip
-    return wire, f"msg=allocate {log.format_fields(fields)} check="
+    return wire, log.event_line("allocate", fields) + " check="
 
 
 CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
@@ -250,8 +250,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 else:
                     self.metrics.allocated(self.resource, result.device_ids)
                 # LOG.info("allocate", ...)'s line, its fields but `check` formatted once per answer (_encode).
-                if LOG.isEnabledFor(logging.INFO):
-                    LOG.logger.info("%s", f"{line}{check}")
+                LOG.formatted(logging.INFO, f"{line}{log.quote(check)}")
             return response
         finally:
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
