@@ -32,7 +32,7 @@ from colad.device_rules import (
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 if TYPE_CHECKING:
-    from typing import TypeVar
+    from typing import Any, TypeVar
 
 # A device ID must be safe for the kubelet (valid UTF-8, at most 63 characters,
 # stable) and for the value of COLA_DEVICES, a comma-separated env list. So:
@@ -324,6 +324,14 @@ class DeviceSet:
             object.__setattr__(self, name, build(self))
         value: _T = self.__dict__[name]
         return value
+
+    def remember(self, key: str, value: object) -> None:
+        """Set memo(key) to `value`: the caller knows it without a pass over the set (a delta's counts)."""
+        object.__setattr__(self, f"_memo_{key}", value)
+
+    def known(self, key: str) -> Any:
+        """memo(key) if it was made or remembered, else None: never computed here."""
+        return self.__dict__.get(f"_memo_{key}")
 
     @property
     def ids(self) -> tuple[str, ...]:

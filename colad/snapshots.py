@@ -23,7 +23,7 @@ from colad.messages import DeviceDelta, DeviceSnapshot, Message
 
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
 _REBUILD_AT = 64
-_STATS = "_colad_stats"  # kept on the immutable DeviceSet itself, as device_list keeps its encoding
+_STATS = "stats"  # DeviceSet.memo key of the set's SetStats
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,12 @@ def _count(devices: Sequence[Device]) -> SetStats:
 
 def stats_of(devices: DeviceSet) -> SetStats:
     """The set's SetStats, counted once per set unless a delta or a replication carried them over."""
-    cached: SetStats | None = devices.__dict__.get(_STATS)
-    if cached is None:
-        cached = _count(devices.devices)
-        keep_stats(devices, cached)
-    return cached
+    return devices.memo(_STATS, lambda s: _count(s.devices))
 
 
 def keep_stats(devices: DeviceSet, stats: SetStats) -> None:
     """Record `stats` as the counts of `devices` (the caller knows them without a pass over the set)."""
-    object.__setattr__(devices, _STATS, stats)
+    devices.remember(_STATS, stats)
 
 
 def delta(
@@ -202,7 +198,7 @@ def apply_delta(held: Held | None, message: DeviceDelta, source: object) -> tupl
     if digest != message.digest:
         return _unsynced(held), Outcome(Verdict.RESYNC, reason="digest mismatch")
     moved = DeviceSet(tuple(devices))
-    if (base_stats := held.snapshot.devices.__dict__.get(_STATS)) is not None:
+    if (base_stats := held.snapshot.devices.known(_STATS)) is not None:
         keep_stats(moved, base_stats.moved(gone, message.upserts))
     snapshot = DeviceSnapshot(message.epoch, message.seq, moved, message.dir_present, message.resource)
     return Held(snapshot, tuple(ids), digest, source), Outcome(Verdict.APPLIED, snapshot)
