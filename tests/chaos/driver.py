@@ -374,9 +374,9 @@ class Chaos:
                 else:
                     victim = os.path.join(where, names.pop(self.rng.randrange(len(names))))
                     os.rmdir(victim) if os.path.isdir(victim) else os.unlink(victim)
-            except (IsADirectoryError, NotADirectoryError, FileNotFoundError):
-                # "rewrote" one of the bad directories, or a random name came up twice and its
-                # first copy is already gone: the storm's own bookkeeping, not colad's doing.
+            except (IsADirectoryError, NotADirectoryError, FileNotFoundError, FileExistsError):
+                # "rewrote" one of the bad directories, or a random name came up twice (its first copy
+                # is already gone, or still there for mkdir): the storm's own bookkeeping, not colad's doing.
                 pass
             ops += 1
             if ops % 200 == 0:
