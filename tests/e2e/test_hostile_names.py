@@ -96,6 +96,10 @@ def changes_still_flow(colad: ColadService, kubelet: FakeKubelet, tag: str, expe
 @pytest.fixture
 def before(colad: ColadService, kubelet: FakeKubelet) -> Iterator[dict[str, int]]:
     kubelet.wait_devices(BASE, timeout=TIMEOUT)
+    # supervisord says RUNNING after startsecs, not when a role watches: kubelet-watch took 1.1 s to its
+    # first look in a loaded CI run, so the hostile names went by before it watched, and the sentinel
+    # socket was in its start state, never "changed". Its start look comes after its watches are set.
+    colad.wait_log('proc=kubelet-watch msg="kubelet socket present" reason=start', timeout=TIMEOUT)
     pids = colad.pids()
     yield pids
     roles_unchanged(colad, pids)
