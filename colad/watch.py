@@ -5,25 +5,25 @@ loop drives (never AsyncNotifier: asyncore is gone from Python 3.12).
 `DirWatch` keeps a watch on a directory that may be missing, vanish, come back,
 or be replaced by another directory, symlink target or mount: it watches the
 parent for the name and re-adds the watch whenever the directory's identity
-changes. Callers treat every event as "look again" (level-triggered).
+changes, which it stat()s again only when an event, a mount change or a timer
+gives a reason. Callers treat every event as "look again" (level-triggered).
 """
 
 from __future__ import annotations
 
-import array
-import fcntl
 import os
 import select
 import signal
+import stat
 import struct
-import termios
+import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyinotify
 
-from colad import log, proc
+from colad import constants, log, proc
 from colad.config import Config
 from colad.errors import ConfigError
 from colad.queue_client import QueueClient, StatsReporter
@@ -35,10 +35,11 @@ SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_
 NAME_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FROM | pyinotify.IN_MOVED_TO
 # A directory whose entries, their attributes, or the directory itself changed.
 DIR_CHANGE_EVENTS = NAME_EVENTS | pyinotify.IN_ATTRIB | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF
+# A wake-up stat()s every watched directory after this many seconds: a change above a parent sends no event.
+RECHECK_INTERVAL = 1.0
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):  # a tuple: built for every event of every wake-up, cheaper than a dataclass
     wd: int
     path: str
     name: str
@@ -51,6 +52,9 @@ class Event:
 
 # struct inotify_event (<sys/inotify.h>): wd, mask, cookie, len, then `len` bytes of NUL-padded name.
 _EVENT = struct.Struct("iIII")
+_LONGEST = _EVENT.size + 256  # NAME_MAX and its NUL, padded
+_READ_SIZE = 65536  # one read() takes all that is queued (hundreds of events) without asking FIONREAD first
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsdecode's
 
 
 class Inotify:
@@ -64,13 +68,15 @@ class Inotify:
 
     def __init__(self, count: Callable[[str], None] | None = None) -> None:
         self.wm = pyinotify.WatchManager()
-        os.set_blocking(self.fileno(), False)  # read() must never wait: poll() said it is readable
-        os.set_inheritable(self.fileno(), False)
+        self.fd = int(self.wm.get_fd())
+        os.set_blocking(self.fd, False)  # read() must never wait: poll() said it is readable
+        os.set_inheritable(self.fd, False)
         self.count = count or (lambda name: None)
         self._refused: set[str] = set()
+        self.generation = 0  # moved on: every DirWatch on this inotify stat()s its directory at its next ensure()
 
     def fileno(self) -> int:
-        return int(self.wm.get_fd())
+        return self.fd
 
     def add(self, path: str, mask: int) -> int | None:
         try:
@@ -90,47 +96,38 @@ class Inotify:
 
     def read(self) -> list[Event]:
         """Every complete event the kernel has queued; never raises on a name."""
-        try:
-            data = os.read(self.fileno(), _queued(self.fileno()))
-        except BlockingIOError:
-            return []
-        events = []
-        offset = 0
-        while offset + _EVENT.size <= len(data):
-            wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            raw = data[offset + _EVENT.size : offset + _EVENT.size + length].split(b"\0", 1)[0]
-            offset += _EVENT.size + length
-            if mask & pyinotify.IN_Q_OVERFLOW:
-                events.append(Event(-1, "", "", mask))
-                continue
-            watch = self.wm.get_watch(wd)
-            if watch is None:
-                continue  # a watch we removed: its IN_IGNORED and late events (pyinotify dropped them too)
-            if mask & pyinotify.IN_IGNORED:
-                self.wm.del_watch(wd)  # the kernel dropped the watch (the directory went)
-            name = os.fsdecode(raw)
-            if not name.isascii() and not _is_text(name):
-                self.count("input.undecodable_name")  # delivered all the same; the role decides
-            events.append(Event(wd, watch.path, name, mask))
+        events: list[Event] = []
+        get_watch, unpack, size = self.wm.get_watch, _EVENT.unpack_from, _EVENT.size
+        more = True
+        while more:
+            try:
+                data = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            more, offset = len(data) > _READ_SIZE - _LONGEST, 0  # no room was left for one more: read again
+            while offset + size <= len(data):
+                wd, mask, _cookie, length = unpack(data, offset)
+                raw = data[offset + size : offset + size + length].rstrip(b"\0")  # a name holds no NUL
+                offset += size + length
+                if mask & pyinotify.IN_Q_OVERFLOW:
+                    self.generation += 1  # what the lost events said about the directories is unknown
+                    events.append(Event(-1, "", "", mask))
+                    continue
+                watch = get_watch(wd)
+                if watch is None:
+                    continue  # a watch we removed: its IN_IGNORED and late events (pyinotify dropped them too)
+                if mask & pyinotify.IN_IGNORED:
+                    self.wm.del_watch(wd)  # the kernel dropped the watch (the directory went)
+                try:
+                    name = raw.decode(_FS_ENCODING)  # os.fsdecode(), as os.listdir() spells names...
+                except UnicodeDecodeError:  # ...with lone surrogates for bytes that are not text
+                    name = raw.decode(_FS_ENCODING, _FS_ERRORS)
+                    self.count("input.undecodable_name")  # delivered all the same; the role decides
+                events.append(Event(wd, watch.path, name, mask))
         return events
 
     def close(self) -> None:
         self.wm.close()
-
-
-def _queued(fd: int) -> int:
-    """Bytes in the inotify queue (FIONREAD), at least one event with the longest name."""
-    size = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, size, True)
-    return max(size[0], _EVENT.size + 256)
-
-
-def _is_text(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8
-        return False
-    return True
 
 
 def poll(fds: Iterable[int | None], timeout: float | None, *, priority: Iterable[int | None] = ()) -> set[int]:
@@ -158,7 +155,7 @@ def _identity(path: str) -> tuple[int, int] | None:
         st = os.stat(path)
     except (OSError, ValueError):  # ValueError: an embedded NUL; such a path is never there
         return None
-    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None  # one stat(), as isdir() would follow
 
 
 class DirWatch:
@@ -171,6 +168,8 @@ class DirWatch:
         self.wd: int | None = None
         self.parent_wd: int | None = None
         self.identity: tuple[int, int] | None = None
+        self.stale = True  # note() saw an event that may mean a new identity: stat() it again
+        self.checked = -1  # the inotify generation of the last stat()
 
     @property
     def present(self) -> bool:
@@ -178,6 +177,9 @@ class DirWatch:
 
     def ensure(self) -> bool:
         """(Re)establish the watches; True when the directory's identity changed."""
+        if not self.stale and self.checked == self.inotify.generation and None not in (self.wd, self.parent_wd):
+            return False  # both watches hold, and no event, mount change or timer since the last stat()
+        self.stale, self.checked = False, self.inotify.generation
         if self.parent_wd is None:
             self.parent_wd = self.inotify.add(self.parent, NAME_EVENTS | pyinotify.IN_ONLYDIR)
         identity = _identity(self.path)
@@ -212,14 +214,24 @@ class DirWatch:
         self.identity = None
 
     def note(self, event: Event) -> None:
-        """Drop our idea of a watch the kernel has removed, so ensure() re-adds it."""
-        if event.wd == self.wd and event.mask & SELF_GONE:
-            if not event.mask & pyinotify.IN_IGNORED:
-                self.inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
-            self.wd = None
-            self.identity = None
-        if event.wd == self.parent_wd and event.mask & SELF_GONE:
-            self.parent_wd = None
+        """Mark the directory stale on an event that may mean a new identity (about the directory itself,
+        its name in the parent, an overflow); drop a watch the kernel has removed, so ensure() re-adds it."""
+        gone = event.mask & SELF_GONE
+        if event.wd == self.wd:
+            self.stale = self.stale or not event.name  # an entry's event leaves the identity as it was
+            if gone:
+                if not event.mask & pyinotify.IN_IGNORED:
+                    self.inotify.remove(event.wd)  # moved away, the kernel still watches it: let go
+                self.wd, self.identity = None, None
+        elif event.wd == self.parent_wd:
+            self.stale = self.stale or event.name == self.name or bool(gone)
+            if gone:
+                self.parent_wd = None
+        elif event.overflow:
+            self.stale = True
+
+
+Handler = Callable[[int, object], None]
 
 
 class SignalWaker:
@@ -231,12 +243,7 @@ class SignalWaker:
     for a loop run outside the main thread (tests).
     """
 
-    def __init__(
-        self,
-        *,
-        signals: bool = True,
-        handlers: dict[int, Callable[[int, object], None]] | None = None,
-    ) -> None:
+    def __init__(self, *, signals: bool = True, handlers: dict[int, Handler] | None = None) -> None:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         if signals:
             signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
@@ -313,27 +320,30 @@ class WatcherLoop:
         self.stopping = False
         self.reload_requested = False
         self.waker: SignalWaker | None = None
+        self.recheck_at = 0.0  # monotonic time after which a wake-up stat()s every watched directory
 
     def wait(self, timeout: float | None) -> list[Event] | None:
         waker_fd = self.waker.fileno() if self.waker else None
-        fds = [self.inotify.fileno(), self.client.fileno(), waker_fd, *self.extra_fds()]
+        fds = [self.inotify.fd, self.client.fileno(), waker_fd, *self.extra_fds()]
         readable = poll(fds, timeout, priority=[self.mounts.fileno()])
         if waker_fd in readable and self.waker:
             self.waker.drain()
         if self.stopping:
             return None
+        mounted = self.mounts.fileno() in readable
+        if mounted:
+            self.mounts.drain()  # something was (un)mounted: every ensure() looks at identities again
+        now = time.monotonic()
+        if mounted or self.reload_requested or now >= self.recheck_at:  # the timer: what no event reports
+            self.inotify.generation, self.recheck_at = self.inotify.generation + 1, now + RECHECK_INTERVAL
         if self.reload_requested:
             self.reload_requested = False
             self.reload()
-        if self.mounts.fileno() in readable:
-            self.mounts.drain()  # something was (un)mounted: the role's ensure() re-checks identities
-        events = self.inotify.read() if self.inotify.fileno() in readable else []
-        if events:
-            queue_name = os.path.basename(self.cfg.queue_socket)
-            for event in events:
-                self.run_dir.note(event)
-                if event.wd == self.run_dir.wd and event.name == queue_name:
-                    self.client.reconnect_now()
+        events = self.inotify.read() if self.inotify.fd in readable else []
+        for event in events:
+            self.run_dir.note(event)
+            if event.wd == self.run_dir.wd and event.name == constants.QUEUE_SOCKET_NAME:
+                self.client.reconnect_now()
         if self.client.fileno() in readable:
             self.client.check_alive()
         self.run_dir.ensure()
