@@ -141,9 +141,10 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         rw.size = fitted.size
         if found == rw.current and present == rw.present:
             return
-        previous = rw.current or devices.DeviceSet()
-        change = devices.diff(previous, found)
-        came = [found.by_id[i] for i in sorted((*change.added, *change.changed))]
+        # On copies: a set keeps its by_id, and `found` is held until the next change (200 KiB at 10,000).
+        previous, new = devices.DeviceSet(rw.current.devices if rw.current else ()), devices.DeviceSet(found.devices)
+        change = devices.diff(previous, new)
+        came = [new.by_id[i] for i in sorted((*change.added, *change.changed))]
         gone = [previous.by_id[i] for i in (*change.removed, *change.changed)]
         self._publish(rw, reason, found, found.ids, present, change, came, gone, found.count(UNHEALTHY))
 

@@ -1,0 +1,76 @@
+"""What discovery holds per device once a burst has settled: one Device object, no copies (#14).
+
+A real directory, real inotify, the role's own loop: files written just before the start are racy
+and read again when the window passes. After that follow-up, the set published, the advertised
+map and the read cache hold the same Device objects (an equal copy beside each is 150 bytes and
+what is kept on it), the emptied racy map is a fresh dict, and the held set carries no index.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from colad import cdi
+from colad.config import Config
+from colad.constants import UNHEALTHY
+from colad.discovery import Discovery
+from tests.integration.support import make_config
+
+pytestmark = pytest.mark.integration
+COUNT = 300
+
+
+@pytest.fixture
+def cfg(short_tmp: Path) -> Config:
+    config = make_config(short_tmp)
+    os.mkdir(config.run_dir, 0o700)
+    os.mkdir(config.device_dir)
+    return config
+
+
+def _settled(cfg: Config) -> Discovery:
+    """The role's start, then its loop until no follow-up is due (the racy entries read again)."""
+    discovery = Discovery(cfg)
+    discovery.run_dir.ensure()
+    for rw in discovery.watches.values():
+        rw.dir.ensure()
+    discovery.rescan("start")
+    discovery._write_outputs()
+    deadline = time.monotonic() + 60
+    while any(rw.follow_up is not None for rw in discovery.watches.values()):
+        assert time.monotonic() < deadline, "the racy entries never settled"
+        discovery.step(min(discovery.timeout(), 0.2))
+    return discovery
+
+
+def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None:
+    root = Path(cfg.device_dir)
+    for i in range(COUNT):
+        (root / f"dev{i:04d}").write_text("")
+    (root / "env0").write_text('[envs]\nA = "b"\n')
+    (root / "sick0").write_text('health = "Unhealthy"\n')
+    (root / "bad0").write_text("not = toml = [\n")
+    # Unhealthy by the health overlay (its host path is missing): a new object at every look.
+    (root / "node0").write_text('[[device_nodes]]\nhost_path = "/dev/colad-no-such-node"\n')
+    discovery = _settled(cfg)
+    try:
+        rw = next(iter(discovery.watches.values()))
+        assert rw.current is not None and len(rw.current) == COUNT + 4
+        assert "_by_id" not in vars(rw.current)  # no index kept on the held set (200 KiB at 10,000); get() makes one
+        assert rw.current.get("node0").health == UNHEALTHY  # type: ignore[union-attr]
+        for device in rw.current:
+            assert rw.shown[device.device_id] is device
+            raw = rw.cache[device.device_id].device
+            assert raw is device or device.device_id == "node0", device.device_id
+        assert rw.racy == {} and sys.getsizeof(rw.racy) == sys.getsizeof({})
+        spec = Path(cfg.cdi_spec_dir, cdi.file_name(rw.resource.name))
+        assert spec.read_bytes() == cdi.encode(rw.resource.name, rw.current)
+    finally:
+        discovery.runner.close()
+        discovery.host_inotify.close()
+        discovery.close()
