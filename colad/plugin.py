@@ -44,10 +44,9 @@ CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let 
 DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
 MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not serve (yet): a reload may add them
 SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
-# The state file is written at once after a quiet spell, else at most once per this interval:
-# the events of one change or one re-registration (received, sent, streams...) cost one or two
-# writes, not one each (a change waits for its send, ms later); the file is never more than this
-# behind the published snapshot.
+# The state file is written at once after a quiet spell, else at most once per this interval: the events
+# of one change or re-registration cost one or two writes, not one each (a change waits for its send, ms
+# later); the file is never more than this behind the published snapshot.
 STATE_FILE_INTERVAL = 0.05
 
 
@@ -132,18 +131,21 @@ class Plugin:
             reload=self.last_reload,
             kubelet=self.kubelet_now,
         )
-        published = Published(state, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
-        if published != self.published:
-            if state != self.published.state:
-                now = self.clock()
-                # A list on its way to the kubelet reports its send within ms: one write for the change
-                # and its send, not one each; never later than the interval, whatever the stream does.
-                if any(e.sending() for e in self.endpoints.values()):
-                    due = now + STATE_FILE_INTERVAL
-                else:
-                    due = max(now, self.state_written + STATE_FILE_INTERVAL)
-                self.state_due = due if self.state_due is None else min(self.state_due, due)
-            self.published = published
+        held, changed = self.published, state != self.published.state  # the one deep comparison
+        kept = state if changed else held.state  # unchanged: the same object, compared by identity below
+        published = Published(kept, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
+        if published == held:
+            return
+        if changed:
+            now = self.clock()
+            # A list on its way to the kubelet reports its send within ms: one write for the change
+            # and its send, not one each; never later than the interval, whatever the stream does.
+            if any(e.sending() for e in self.endpoints.values()):
+                due = now + STATE_FILE_INTERVAL
+            else:
+                due = max(now, self.state_written + STATE_FILE_INTERVAL)
+            self.state_due = due if self.state_due is None else min(self.state_due, due)
+        self.published = published
 
     def write_state(self, *, now: bool = False) -> None:
         """Write the published snapshot to the state file once it is due (or `now`), if it changed."""
@@ -255,17 +257,18 @@ class Plugin:
         self.inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
         self.inuse.start()
 
-    def on_timer(self) -> None:
+    def on_timer(self) -> bool:
+        """Step what is due; False when nothing was (the state file's wake: nothing to publish)."""
         now = self.clock()
-        for endpoint in list(self.endpoints.values()):
-            due = endpoint.state.due()
-            if due is not None and now >= due:
-                endpoint.apply(reg.Timer(), now)
-        if now >= self.next_safety_check:
+        due = [e for e in self.endpoints.values() if (at := e.state.due()) is not None and now >= at]
+        for endpoint in due:
+            endpoint.apply(reg.Timer(), now)
+        if safety := now >= self.next_safety_check:
             self.sockets.check_queue()
             if self.metrics_server is not None and self.metrics_server.server is None:
                 self.metrics_server.start()
             self.check_kubelet("periodic")
+        return bool(due) or safety
 
     def next_timeout(self) -> float:
         due = [self.next_safety_check] + [d for e in self.endpoints.values() if (d := e.state.due()) is not None]
@@ -336,8 +339,8 @@ class Plugin:
             while not isinstance(event := self._next_event(), ev.StopRequested):
                 try:
                     if event is None:
-                        self.on_timer()
-                        self.publish()
+                        if self.on_timer():  # else only the state file was due (#14: a publish less per change)
+                            self.publish()
                     else:
                         self.handle(event)
                     self.load_observers()
