@@ -8,6 +8,7 @@ Reads: each device's host paths (hostpaths.py, watched by inotify) and its probe
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
@@ -37,6 +38,13 @@ LOG = log.get("colad.discovery")
 HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
 HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
+# A turn that read this many names (a start, a listing, a burst's follow-up) leaves glibc's heap high with
+# the set's transients: malloc_trim hands the free pages back (2 MiB at 10,000 devices, #14; 0.5 ms).
+TRIM_AFTER_NAMES = 1000
+try:  # ctypes is loaded in this role already: pyinotify binds inotify with it
+    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
+except (OSError, AttributeError):  # no glibc (musl): nothing to trim with
+    _malloc_trim = None
 
 
 class DeviceHealth:
@@ -151,6 +159,7 @@ class HealthOutputs:
     nfd_dirty: bool
     failed_writes: dict[str, str]
     specs_dirty: set[str]
+    trim_due: bool
 
     def rescan(
         self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
@@ -230,13 +239,20 @@ class HealthOutputs:
 
     def _write_outputs(self) -> None:
         """The CDI specs and the feature file of what changed this turn, once per turn: each is
-        O(devices) to build (36 ms and 1.2 MB for 10,000), so a burst of changes costs one write."""
+        O(devices) to build (36 ms and 1.2 MB for 10,000), so a burst of changes costs one write.
+        Then, after a turn of TRIM_AFTER_NAMES names, the heap is trimmed."""
         for name in sorted(self.specs_dirty):
             if name in self.watches:
                 self._write_spec(self.watches[name])
         self.specs_dirty.clear()
         if self.nfd_dirty:
             self._write_features()
+        self._trim_heap()
+
+    def _trim_heap(self) -> None:
+        if self.trim_due and _malloc_trim is not None:
+            _malloc_trim(0)
+        self.trim_due = False
 
     def _sync_host_watches(self) -> None:
         """Watch exactly the directories the devices' host paths need (at most MAX_WATCH_DIRS).

@@ -22,7 +22,7 @@ from colad import cdi, device_wire, devices, log, messages, nfd, snapshots, watc
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
-from colad.device_health import DeviceHealth, HealthOutputs
+from colad.device_health import TRIM_AFTER_NAMES, DeviceHealth, HealthOutputs
 from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
 from colad.devicedir import Cached as _Cached  # noqa: F401 - imported from here by tests
 from colad.devicedir import list_regular_files as list_regular_files
@@ -70,6 +70,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.published: list[ResourceWatch] = []  # this turn's publishes: their hold starts at its end
         self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
+        self.trim_due = False  # this turn read TRIM_AFTER_NAMES names or more: trimmed after its outputs
 
     def _watch(self, resource: Resource) -> ResourceWatch:
         return ResourceWatch(self.inotify, resource, DeviceHealth(resource, self.cfg.host_path_check, self.runner))
@@ -128,6 +129,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
             self._rescan_named(rw, reason, dirty)
             return
         scanned = rw.scan(dirty, clock=self.clock)
+        self.trim_due = self.trim_due or len(rw.cache) >= TRIM_AFTER_NAMES
         self._note_directory(rw, scanned.unusable)
         self._note_slow(rw, scanned.slow)
         if scanned.unusable is None:
@@ -152,6 +154,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         """The O(change) rescan: read `names` again, move them in the held set, fit by arithmetic."""
         assert rw.current is not None
         moved = rw.rescan_names(names, clock=self.clock)
+        self.trim_due = self.trim_due or len(names) >= TRIM_AFTER_NAMES
         self._note_slow(rw, moved.slow)
         self.stats.count("input.bad_name", rw.report(moved.problems, moved.names))
         self._schedule(rw, None, rw.settles_in())
@@ -369,6 +372,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         for rw in self.watches.values():
             rw.dir.ensure()
         self.rescan("start")
+        self._trim_heap()
         while not self.stopping:
             self.step(self.timeout())
         self.runner.close()

@@ -4,6 +4,7 @@ A real directory, real inotify, the role's own loop: files written just before t
 and read again when the window passes. After that follow-up, the set published, the advertised
 map and the read cache hold the same Device objects (an equal copy beside each is 150 bytes and
 what is kept on it), the emptied racy map is a fresh dict, and the held set carries no index.
+The C heap is trimmed after a turn that read many names, never on a one-file change's path.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi
+from colad import cdi, device_health
 from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery
@@ -70,6 +71,37 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
         assert rw.racy == {} and sys.getsizeof(rw.racy) == sys.getsizeof({})
         spec = Path(cfg.cdi_spec_dir, cdi.file_name(rw.resource.name))
         assert spec.read_bytes() == cdi.encode(rw.resource.name, rw.current)
+    finally:
+        discovery.runner.close()
+        discovery.host_inotify.close()
+        discovery.close()
+
+
+def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(device_health, "_malloc_trim", calls.append)
+    root = Path(cfg.device_dir)
+    for i in range(device_health.TRIM_AFTER_NAMES):
+        (root / f"dev{i:04d}").write_text("")
+    discovery = Discovery(cfg)
+    try:
+        discovery.run_dir.ensure()
+        rw = next(iter(discovery.watches.values()))
+        rw.dir.ensure()
+        discovery.rescan("start")
+        discovery._trim_heap()  # as run() does after the start
+        assert calls == [0]
+        deadline = time.monotonic() + 60
+        while rw.follow_up is not None:  # the burst's racy follow-up reads every name again: one trim
+            assert time.monotonic() < deadline, "the racy entries never settled"
+            discovery.step(min(discovery.timeout(), 0.2))
+        assert calls == [0, 0]
+        (root / "one-more").write_text("")
+        deadline = time.monotonic() + 60
+        while rw.current is None or "one-more" not in rw.current.ids:
+            assert time.monotonic() < deadline, "the change was never published"
+            discovery.step(0.2)
+        assert calls == [0, 0]  # one file: no trim on the change's path
     finally:
         discovery.runner.close()
         discovery.host_inotify.close()
