@@ -27,6 +27,9 @@ RACY_WINDOW_NS = 2_000_000_000
 # A file's (ino, size, mtime_ns, ctime_ns) kept as one 32-byte bytes object, 65 bytes a device: the
 # tuple held three large ints besides, 184 bytes a device (#14). Times may be negative.
 _KEY = struct.Struct("=Qqqq")
+# An empty file's content is its size: its key is this one shared value, and it is never racy (a write
+# that leaves it empty changes nothing). No 65-byte key a file, and no follow-up re-read of a burst.
+EMPTY_KEY = b""
 
 
 def pack_key(key: tuple[int, int, int, int]) -> bytes | tuple[int, int, int, int]:
@@ -77,7 +80,7 @@ def racy(mtime_ns: int, ctime_ns: int, read_ns: int, window_ns: int = RACY_WINDO
 
 @dataclass(frozen=True, slots=True)  # one per device file: slots save 40 of its 112 bytes
 class Cached:
-    key: bytes | tuple[int, int, int, int] | None  # pack_key((ino, size, mtime_ns, ctime_ns)); None: read again
+    key: bytes | tuple[int, int, int, int] | None  # pack_key((ino, size, mtime_ns, ctime_ns)), EMPTY_KEY; None: again
     device: Device
     size: int  # device_wire.device_wire_size(device)
     settles_ns: int | None = None  # racy until this wall-clock time: read again at every scan until then
@@ -101,11 +104,11 @@ class Cached:
 _BARE_HEALTHY_SIZE = device_wire.device_wire_size(Device("", HEALTHY))
 
 
-def empty_file_device(device_id: str, key: tuple[int, int, int, int], read_ns: int) -> Cached:
+def empty_file_device(device_id: str) -> Cached:
     """What an empty file is: a bare healthy device, its size by arithmetic (no parse, no encoding)."""
     device = devicefile.parse(device_id, b"")
-    size = _BARE_HEALTHY_SIZE + len(device_id) if device_id.isascii() else None
-    return Cached.of(key, device, read_ns, size)
+    size = _BARE_HEALTHY_SIZE + len(device_id) if device_id.isascii() else device_wire.device_wire_size(device)
+    return Cached(EMPTY_KEY, device, size)
 
 
 def read_device(
@@ -114,7 +117,7 @@ def read_device(
     """The device in file `path`, re-read only when its identity, size or times changed; None if gone.
 
     A key read within RACY_WINDOW_NS of its file's last change is not trusted:
-    the file is read again. An empty file is a bare healthy device (no open).
+    the file is read again. An empty file is a bare healthy device (no open, never racy).
     Anything unreadable is an Unhealthy device with the reason, never an exception.
     """
     read_ns = now_ns()  # before the stat: an earlier read time only makes more entries racy
@@ -126,11 +129,11 @@ def read_device(
         return Cached.of(None, Device(device_id, UNHEALTHY, problem=f"cannot stat: {exc.strerror}"), read_ns)
     if not stat.S_ISREG(st.st_mode):
         return None
+    if st.st_size == 0:  # its content is its size: nothing else to compare, never racy
+        return known if known is not None and known.key == EMPTY_KEY else _kept(empty_file_device(device_id), known)
     key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if known is not None and known.key == pack_key(key) and known.settles_ns is None:
         return known
-    if st.st_size == 0:
-        return _kept(empty_file_device(device_id, key, read_ns), known)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:

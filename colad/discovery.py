@@ -137,7 +137,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._schedule(rw, scanned.unusable, scanned.settles_in)
         present = scanned.present
         unsized = messages.DeviceSnapshot(self.epoch, 0, scanned.devices, present, rw.resource.name)
-        fitted = fit_the_queue(unsized, rw.sizes)
+        fitted = fit_the_queue(unsized, scanned.sizes)
         self._note_cut(rw, fitted)
         found = fitted.devices
         rw.size = fitted.size

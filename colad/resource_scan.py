@@ -68,6 +68,7 @@ class ScanOutcome:
     unusable: str | None = None  # why the directory could not be listed ("ELOOP: Too many levels...")
     settles_in: float | None = None  # seconds until the racy entries can be trusted
     slow: tuple[tuple[str, float], ...] = ()  # (name, seconds) of slow reads
+    sizes: dict[str, int] = field(default_factory=dict)  # each device's wire size, as advertised
 
 
 @dataclass
@@ -90,6 +91,11 @@ def _held(before: Device | None, device: Device) -> Device:
     return before if before is not None and before is not device and before == device else device
 
 
+def _size(known: _Cached | None, device: Device) -> int:
+    """The wire size of `device` as advertised: its read's when the health overlay left it as read."""
+    return known.size if known is not None and known.device is device else device_wire.device_wire_size(device)
+
+
 class ResourceWatch:
     """One resource's device directory: its watch, its files' parsed devices, its last snapshot."""
 
@@ -104,7 +110,6 @@ class ResourceWatch:
         self.present: bool | None = None
         self.warned: dict[str, str] = {}  # name -> the problem last logged for it
         self.cache: dict[str, _Cached] = {}
-        self.sizes: dict[str, int] = {}  # wire size of each device of the last scan, as advertised
         self.unusable: str | None = None  # why the directory could not be listed last time
         self.cut: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the last fit's (demoted, dropped)
         self.ids: tuple[str, ...] = ()  # current's IDs, for bisect
@@ -158,7 +163,7 @@ class ResourceWatch:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             problem = f"device directory unusable: {code} {exc.strerror}"
             kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
-            self.sizes, self.shown = {}, {}
+            self.shown = {}
             return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=f"{code}: {exc.strerror}")
         problems: dict[str, str] = {}
         ids: list[str] = []
@@ -199,11 +204,11 @@ class ResourceWatch:
                 settles.append(known.settles_ns)
             if known.device.problem:
                 problems[device_id] = known.device.problem
-        self.cache, self.sizes, self.shown = cache, sizes, shown
+        self.cache, self.shown = cache, shown  # no sizes kept: a cache entry's, or measured (200 KiB at 10,000)
         self.health.forget_all_but(set(cache))
         self.racy = {i: c.settles_ns for i, c in cache.items() if c.settles_ns is not None}
         found_set = devices.DeviceSet.of(found)
-        return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow))
+        return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow), sizes=sizes)
 
     def settles_in(self) -> float | None:
         """Seconds until every racy entry can be trusted; None when none is racy."""
@@ -238,21 +243,21 @@ class ResourceWatch:
                 if clock() - started > SLOW_READ_S:
                     moved.slow.append((name, clock() - started))
             self.racy.pop(name, None)
-            before, before_size = self.shown.get(name), self.sizes.get(name, 0)
+            before = self.shown.get(name)
+            before_size = 0 if before is None else _size(known, before)
             if found is None:
                 if known is not None:
                     del self.cache[name]
                     self.health.forget(name)
                 if before is not None:
-                    del self.sizes[name], self.shown[name]
+                    del self.shown[name]
                     moved.removed.append(name)
                     moved.gone.append(before)
                     moved.size -= before_size
                 continue
-            device = self.health.advertise(found.device)
-            size = found.size if device is found.device else device_wire.device_wire_size(device)
-            device = _held(before, device)
-            self.cache[name], self.sizes[name], self.shown[name] = found, size, device
+            device = _held(before, self.health.advertise(found.device))
+            size = _size(found, device)
+            self.cache[name], self.shown[name] = found, device
             if found.settles_ns is not None:
                 self.racy[name] = found.settles_ns
             if found.device.problem:

@@ -96,7 +96,8 @@ def test_a_missing_mount_source_is_unhealthy_until_it_appears(
     (short_tmp / "host" / "a" / "b").mkdir(parents=True)
     source.write_text("y")
     wait_health(inbox, {"dev-0": HEALTHY, "dev-1": HEALTHY})
-    counters = discovery.stats.counters
+    counters = discovery.stats.counters  # counted after the publish the plugin side saw: waited for
+    wait_until(lambda: counters.get("health.recovered") == 2, 10, f"two recoveries counted: {counters}")
     assert counters.get("health.host_path") == 2 and counters.get("health.recovered") == 2, counters
     assert counters.get("rescans.periodic", 0) == 0  # inotify told, not the timer
 
@@ -132,7 +133,8 @@ def test_the_reason_reaches_the_plugin_side_and_goes_when_healthy_again(
     source.unlink()
     want = {"path": (UNHEALTHY, missing), "probe": (UNHEALTHY, "probe probe.sh: firmware says: fan stopped")}
     wait_until(lambda: reasons(want), 10, f"the reasons again {want}")
-    counters = discovery.stats.counters
+    counters = discovery.stats.counters  # counted after the publish the plugin side saw: waited for
+    wait_until(lambda: counters.get("health.probe") == 2, 10, f"two probe failures counted: {counters}")
     assert counters.get("health.host_path") == 2 and counters.get("health.probe") == 2, counters
 
 

@@ -4,7 +4,8 @@ A real directory, real inotify, the role's own loop: files written just before t
 and read again when the window passes. After that follow-up, the set published, the advertised
 map and the read cache hold the same Device objects (an equal copy beside each is 150 bytes and
 what is kept on it), the emptied racy map is a fresh dict, and the held set carries no index.
-The C heap is trimmed after a turn that read many names, never on a one-file change's path.
+The C heap is trimmed after a turn that read many names, never on a one-file change's path. An
+empty file's content is its size: it is never racy, and its cache entry has no key of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, device_health
+from colad import cdi, device_health, devicedir
 from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery
@@ -51,8 +52,8 @@ def _settled(cfg: Config) -> Discovery:
 
 def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None:
     root = Path(cfg.device_dir)
-    for i in range(COUNT):
-        (root / f"dev{i:04d}").write_text("")
+    for i in range(COUNT):  # an empty file is never racy; one with content is read again after the window
+        (root / f"dev{i:04d}").write_text("" if i % 2 else 'health = "Healthy"\n')
     (root / "env0").write_text('[envs]\nA = "b"\n')
     (root / "sick0").write_text('health = "Unhealthy"\n')
     (root / "bad0").write_text("not = toml = [\n")
@@ -82,7 +83,7 @@ def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: p
     monkeypatch.setattr(device_health, "_malloc_trim", calls.append)
     root = Path(cfg.device_dir)
     for i in range(device_health.TRIM_AFTER_NAMES):
-        (root / f"dev{i:04d}").write_text("")
+        (root / f"dev{i:04d}").write_text('health = "Healthy"\n')  # with content: racy, read again
     discovery = Discovery(cfg)
     try:
         discovery.run_dir.ensure()
@@ -102,6 +103,30 @@ def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: p
             assert time.monotonic() < deadline, "the change was never published"
             discovery.step(0.2)
         assert calls == [0, 0]  # one file: no trim on the change's path
+    finally:
+        discovery.runner.close()
+        discovery.host_inotify.close()
+        discovery.close()
+
+
+def test_empty_files_are_never_racy_and_share_one_key(cfg: Config) -> None:
+    root = Path(cfg.device_dir)
+    for i in range(50):
+        (root / f"dev{i:02d}").write_text("")
+    discovery = Discovery(cfg)
+    try:
+        discovery.run_dir.ensure()
+        rw = next(iter(discovery.watches.values()))
+        rw.dir.ensure()
+        discovery.rescan("start")
+        assert rw.follow_up is None and rw.racy == {}  # written just now, and still trusted
+        assert all(c.key is devicedir.EMPTY_KEY and c.trusted for c in rw.cache.values())
+        (root / "dev00").write_text("numa_nodes = [0]\n")  # content, then empty again: both seen
+        discovery.rescan("inotify", [rw], {rw.resource.name: {"dev00"}}, ())
+        assert rw.current is not None and rw.current.get("dev00").numa_nodes == (0,)  # type: ignore[union-attr]
+        (root / "dev00").write_text("")
+        discovery.rescan("inotify", [rw], {rw.resource.name: {"dev00"}}, ())
+        assert rw.current.get("dev00").numa_nodes == ()  # type: ignore[union-attr]
     finally:
         discovery.runner.close()
         discovery.host_inotify.close()
