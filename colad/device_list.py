@@ -8,10 +8,12 @@ exceed the kubelet's 4 MiB receive limit to a deterministic subset; service.py s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from colad import constants
 from colad.api import deviceplugin_pb2 as pb
 from colad.devices import Device, DeviceSet, replicas_of, replicate
+from colad.snapshots import UPSERTS
 
 
 def _device(d: Device) -> pb.Device:
@@ -50,11 +52,22 @@ def list_entry(device: Device) -> bytes:
     return cached
 
 
+_entry_of = attrgetter(_ENTRY)  # raises AttributeError on a device whose entry is not made yet
+
+
 def encoded_list(devices: DeviceSet) -> bytes:
     """The serialized ListAndWatchResponse of `devices`: byte for byte what protobuf makes of to_response()."""
     cached: bytes | None = devices.__dict__.get(_LIST)
     if cached is None:
-        cached = b"".join([getattr(d, _ENTRY, None) or list_entry(d) for d in devices])
+        # A set a delta made (snapshots.Receiver) names its new devices: encoded first, every entry is then
+        # cached and the list is joined at C speed, without a Python step per device (1 -> 0.6 ms at
+        # 10,000 devices, a third of the plugin's life-cycle thread per change, #14). Else one step each.
+        for device in devices.known(UPSERTS) or ():
+            list_entry(device)
+        try:
+            cached = b"".join(map(_entry_of, devices.devices))
+        except AttributeError:
+            cached = b"".join([getattr(d, _ENTRY, None) or list_entry(d) for d in devices])
         object.__setattr__(devices, _LIST, cached)
     return cached
 

@@ -24,6 +24,7 @@ from colad.messages import DeviceDelta, DeviceSnapshot, Message
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
 _REBUILD_AT = 64
 _STATS = "stats"  # DeviceSet.memo key of the set's SetStats
+UPSERTS = "upserts"  # DeviceSet.memo key: the devices the delta that made the set brought (device_list)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def apply_delta(held: Held | None, message: DeviceDelta, source: object) -> tupl
     if digest != message.digest:
         return _unsynced(held), Outcome(Verdict.RESYNC, reason="digest mismatch")
     moved = DeviceSet(tuple(devices))
+    moved.remember(UPSERTS, message.upserts)  # the only devices new to the set: encoded alone (device_list)
     if (base_stats := held.snapshot.devices.known(_STATS)) is not None:
         keep_stats(moved, base_stats.moved(gone, message.upserts))
     snapshot = DeviceSnapshot(message.epoch, message.seq, moved, message.dir_present, message.resource)
