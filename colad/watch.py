@@ -1,7 +1,6 @@
 """Thin inotify shell shared by discovery and the kubelet watcher, and their common loop.
 
-`Inotify` wraps a pyinotify WatchManager and a plain Notifier that our own poll
-loop drives (never AsyncNotifier: asyncore is gone from Python 3.12).
+`Inotify` (inotify.py) reads the events of a pyinotify WatchManager in our own poll loop.
 `DirWatch` keeps a watch on a directory that may be missing, vanish, come back,
 or be replaced by another directory, symlink target or mount: it watches the
 parent for the name and re-adds the watch whenever the directory's identity
@@ -15,20 +14,19 @@ import os
 import select
 import signal
 import stat
-import struct
-import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 import pyinotify
 
 from colad import constants, log, proc
 from colad.config import Config
 from colad.errors import ConfigError
+from colad.inotify import Event, Inotify
 from colad.queue_client import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
+__all__ = ["Event", "Inotify"]  # re-exported: the roles and tests name them watch.Event, watch.Inotify
 
 # Events that mean "the watched directory itself is gone or no longer the same".
 SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_UNMOUNT
@@ -37,97 +35,6 @@ NAME_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FRO
 DIR_CHANGE_EVENTS = NAME_EVENTS | pyinotify.IN_ATTRIB | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF
 # A wake-up stat()s every watched directory after this many seconds: a change above a parent sends no event.
 RECHECK_INTERVAL = 1.0
-
-
-class Event(NamedTuple):  # a tuple: built for every event of every wake-up, cheaper than a dataclass
-    wd: int
-    path: str
-    name: str
-    mask: int
-
-    @property
-    def overflow(self) -> bool:
-        return bool(self.mask & pyinotify.IN_Q_OVERFLOW)
-
-
-# struct inotify_event (<sys/inotify.h>): wd, mask, cookie, len, then `len` bytes of NUL-padded name.
-_EVENT = struct.Struct("iIII")
-_LONGEST = _EVENT.size + 256  # NAME_MAX and its NUL, padded
-_READ_SIZE = 65536  # one read() takes all that is queued (hundreds of events) without asking FIONREAD first
-_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsdecode's
-
-
-class Inotify:
-    """pyinotify's WatchManager adds and removes the watches; the events are read and parsed here.
-
-    pyinotify 0.9.6's Notifier decodes each name strictly (PLATFORM-NOTES section 9):
-    one non-UTF-8 name raised out of read_events and cost the other events of that
-    read. Names stay bytes until here and become str with os.fsdecode
-    (surrogateescape), exactly as os.listdir() spells them.
-    """
-
-    def __init__(self, count: Callable[[str], None] | None = None) -> None:
-        self.wm = pyinotify.WatchManager()
-        self.fd = int(self.wm.get_fd())
-        os.set_blocking(self.fd, False)  # read() must never wait: poll() said it is readable
-        os.set_inheritable(self.fd, False)
-        self.count = count or (lambda name: None)
-        self._refused: set[str] = set()
-        self.generation = 0  # moved on: every DirWatch on this inotify stat()s its directory at its next ensure()
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def add(self, path: str, mask: int) -> int | None:
-        try:
-            result = self.wm.add_watch(path, mask, quiet=True)
-        except ValueError as exc:  # UnicodeEncodeError: pyinotify encodes the path strictly
-            if path not in self._refused:  # ensure() retries every turn: say it once
-                self._refused.add(path)
-                self.count("input.bad_watch_path")
-                LOG.warning("cannot watch a path that is not valid text", path=path, error=exc)
-            return None
-        wd = result.get(path, -1)
-        return wd if wd >= 0 else None
-
-    def remove(self, wd: int) -> None:
-        if self.wm.get_watch(wd) is not None:
-            self.wm.rm_watch(wd, quiet=True)
-
-    def read(self) -> list[Event]:
-        """Every complete event the kernel has queued; never raises on a name."""
-        events: list[Event] = []
-        get_watch, unpack, size = self.wm.get_watch, _EVENT.unpack_from, _EVENT.size
-        more = True
-        while more:
-            try:
-                data = os.read(self.fd, _READ_SIZE)
-            except BlockingIOError:
-                break
-            more, offset = len(data) > _READ_SIZE - _LONGEST, 0  # no room was left for one more: read again
-            while offset + size <= len(data):
-                wd, mask, _cookie, length = unpack(data, offset)
-                raw = data[offset + size : offset + size + length].rstrip(b"\0")  # a name holds no NUL
-                offset += size + length
-                if mask & pyinotify.IN_Q_OVERFLOW:
-                    self.generation += 1  # what the lost events said about the directories is unknown
-                    events.append(Event(-1, "", "", mask))
-                    continue
-                watch = get_watch(wd)
-                if watch is None:
-                    continue  # a watch we removed: its IN_IGNORED and late events (pyinotify dropped them too)
-                if mask & pyinotify.IN_IGNORED:
-                    self.wm.del_watch(wd)  # the kernel dropped the watch (the directory went)
-                try:
-                    name = raw.decode(_FS_ENCODING)  # os.fsdecode(), as os.listdir() spells names...
-                except UnicodeDecodeError:  # ...with lone surrogates for bytes that are not text
-                    name = raw.decode(_FS_ENCODING, _FS_ERRORS)
-                    self.count("input.undecodable_name")  # delivered all the same; the role decides
-                events.append(Event(wd, watch.path, name, mask))
-        return events
-
-    def close(self) -> None:
-        self.wm.close()
 
 
 def poll(fds: Iterable[int | None], timeout: float | None, *, priority: Iterable[int | None] = ()) -> set[int]:
