@@ -211,10 +211,16 @@ def moved_digest(digest: int, gone: Iterable[Device], came: Iterable[Device]) ->
     return (digest - sum(device_hash(d) for d in gone) + sum(device_hash(d) for d in came)) % DIGEST_MOD
 
 
-def devices_from_wire(items: list[Any]) -> tuple[Device, ...]:
-    """The devices of a wire list, sorted by ID; MessageError names the first bad entry or a duplicate."""
+def devices_from_wire(items: list[Any], *, consume: bool = False) -> tuple[Device, ...]:
+    """The devices of a wire list, sorted by ID; MessageError names the first bad entry or a duplicate.
+
+    `consume` frees each entry of `items` once its Device is made (the list is left holding None):
+    a decoded snapshot's entries and its Devices are then never all alive at once (#14).
+    """
     found = []
-    for item in items:
+    for index, item in enumerate(items):
+        if consume:
+            items[index] = None
         try:
             found.append(device_from_wire(item))
         except ValueError as exc:
