@@ -36,7 +36,7 @@ class QueueClient:
         self.latest: dict[str, messages.Message] = {}
         self.unsent: set[str] = set()
         self.counters = {"queue.sent": 0, "queue.dropped": 0, "input.oversized_message": 0}
-        self._frames: dict[str, bytes | None] = {}  # encoded once, at publish (None: when a connection needs it)
+        self._frames: dict[str, bytes | None] = {}  # encoded at publish, dropped once sent (None: when needed)
         self._deltas: dict[str, bytes] = {}  # a delta frame to send instead of the full one, on this connection
         self._sent_at: dict[str, tuple[int, int]] = {}  # (epoch, seq) of each stream's last send on this connection
         self._retry_at = 0.0
@@ -128,6 +128,9 @@ class QueueClient:
                 self._retry_at = now
                 return False
             self.unsent.discard(key)
+            # Sent: a full frame is kept no longer (185 KiB at 10,000 devices, #14); a delta or the next
+            # connection's resync encodes the latest message again (_frame_of) only when one needs it.
+            self._frames[key] = None
             self._sent_at[key] = (message.epoch, message.seq)
             if message.type != "stats":  # counting our own reports would make them never settle
                 self.counters["queue.sent"] += 1
