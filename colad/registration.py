@@ -254,10 +254,10 @@ def step(state: Registration, event: Event, now: float) -> Step:
     effects: list[Effect] = []
     match event:
         case DevicesSeen():
-            first = not state.have_devices
-            state = replace(state, have_devices=True)
-            if first and state.phase is Phase.STARTING:
-                state = _register(state, effects, "start", "start")
+            if not state.have_devices:  # every change is a DevicesSeen: no new record for the ones after the first
+                state = replace(state, have_devices=True)
+                if state.phase is Phase.STARTING:
+                    state = _register(state, effects, "start", "start")
         case Served(generation=generation, endpoint=endpoint) if generation == state.generation and state.pending:
             state = replace(state, endpoint=endpoint)
             state = _send(state, effects)
