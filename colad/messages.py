@@ -156,7 +156,7 @@ def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
         body["base"] = message.base
         body["resource"] = message.resource
         body["dir_present"] = message.dir_present
-        body["upsert"] = [device_to_wire(d) for d in message.upserts]
+        body["upsert"] = [device_to_wire(d) for d in message.upserts] if devices is None else devices
         body["remove"] = list(message.removes)
         body["digest"] = f"{message.digest:016x}"
     elif isinstance(message, Stats):
@@ -165,8 +165,8 @@ def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
     return body
 
 
-def _snapshot_bytes(snapshot: DeviceSnapshot) -> bytes:
-    """dumps(_body(snapshot)) byte for byte, the devices joined from their entries (as snapshot_size counts).
+def _device_message_bytes(message: DeviceSnapshot | DeviceDelta) -> bytes:
+    """dumps(_body(message)) byte for byte, its devices joined from their entries (as snapshot_size counts).
 
     json.dumps of the whole body made a two-item list per device and the encoder's chunks: +2.5 MiB at
     10,000 devices, most of it kept by Python's allocator afterwards (#14). Here a few hundred entries
@@ -176,21 +176,26 @@ def _snapshot_bytes(snapshot: DeviceSnapshot) -> bytes:
 
     from colad.device_wire import device_entry
 
-    # "devices" is the body's last key: its empty list's "[]}" ends the envelope.
-    buf = bytearray(dumps(_body(snapshot, []))[:-2])
-    devices = iter(snapshot.devices)
+    body = _body(message, [])
+    # The device list is a snapshot's last key, a delta's before "remove" and "digest": those follow it.
+    rest = {key: body.pop(key) for key in ("remove", "digest") if key in body}
+    buf = bytearray(dumps(body)[:-2])  # without the empty list's "]}"
+    devices = iter(message.devices if isinstance(message, DeviceSnapshot) else message.upserts)
     separator = b""  # none before the first entry
     while chunk := b",".join(map(device_entry, islice(devices, 256))):  # an entry is never empty
         buf += separator
         buf += chunk
         separator = b","
-    buf += b"]}"
+    buf += b"]," + dumps(rest)[1:] if rest else b"]}"  # rest's object without its "{"
     return bytes(buf)
 
 
 def encode(message: Message) -> bytes:
     """The message's wire bytes; MessageError if over MAX_MESSAGE_BYTES or not encodable."""
-    data = _snapshot_bytes(message) if isinstance(message, DeviceSnapshot) else dumps(_body(message))
+    if isinstance(message, (DeviceSnapshot, DeviceDelta)):
+        data = _device_message_bytes(message)
+    else:
+        data = dumps(_body(message))
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"{message.type} is {len(data)} bytes, over the {MAX_MESSAGE_BYTES} byte limit")
     return data
