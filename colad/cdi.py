@@ -56,11 +56,8 @@ class Spec:
         return str(self.document["cdiVersion"])
 
     def encode(self) -> bytes:
-        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite).
-
-        Compact: `indent` makes json use its pure-Python encoder (124 ms against 16 ms for
-        10,000 devices), and discovery writes the spec on every change.
-        """
+        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite). Compact:
+        `indent` makes json use its pure-Python encoder (124 ms against 16 ms for 10,000 devices)."""
         return (_dumps(self.document) + "\n").encode()
 
 
@@ -96,11 +93,8 @@ def marker(device_id: str) -> str:
 
 
 def edits(device: Device) -> dict[str, Any]:
-    """A device's containerEdits: what the classic Allocate answer gives, minus colad's own lists.
-
-    A malformed device (problem set) carries nothing but the marker, as it contributes nothing
-    to a container in Allocate either.
-    """
+    """A device's containerEdits: what the classic Allocate answer gives, minus colad's own lists. A malformed
+    device (problem set) carries nothing but the marker, as it contributes nothing to a container in Allocate."""
     env = [marker(device.device_id)] + [f"{k}={v}" for k, v in device.envs]
     result: dict[str, Any] = {"env": env}
     if device.device_nodes:
@@ -180,7 +174,8 @@ def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes 
     """build(resource_name, replicate(physical, replicas)).encode(), byte for byte (None: no spec),
     joined from the entries kept on each device: only a device not seen before is encoded
     (the whole spec's json.dumps was 36 ms at 10,000 devices, on every change)."""
-    if kind_problem(resource_name) is not None:
+    kind = _kind(resource_name)
+    if kind is None:
         return None
     if replicas <= 1:
         devices = physical.devices
@@ -189,7 +184,7 @@ def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes 
         by_id = {r.device_id: r for d in physical for r in replicas_of(d, replicas)}
         devices = tuple(by_id[k] for k in sorted(by_id))
         parts = [_encoded(d) for d in devices]
-    level = VERSIONS.index(required_version({"kind": resource_name}))
+    level, name = kind
     try:  # most sets: every entry is bytes alone, its version that of its name
         joined = b",".join(parts)  # type: ignore[arg-type]
         # A set is sorted by ID: the names that start with a digit are one run, found in O(log n).
@@ -203,8 +198,20 @@ def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes 
         digit = any(d.device_id[:1].isdigit() for d in devices)
     if not devices:
         return None
-    version, kind = _dumps(VERSIONS[max(level, _DIGIT_LEVEL if digit else 0)]), _dumps(resource_name)
-    return b'{"cdiVersion":' + version.encode() + b',"devices":[' + joined + b'],"kind":' + kind.encode() + b"}\n"
+    version = _VERSION_BYTES[max(level, _DIGIT_LEVEL if digit else 0)]
+    return b'{"cdiVersion":' + version + b',"devices":[' + joined + b'],"kind":' + name + b"}\n"
+
+
+_VERSION_BYTES = tuple(json.dumps(v).encode() for v in VERSIONS)
+
+
+@functools.lru_cache(maxsize=64)
+def _kind(resource_name: str) -> tuple[int, bytes] | None:
+    """encode()'s parts of a resource name, made once: the version index it needs and its JSON (None: no
+    CDI kind). kind_problem(), required_version() and two json.dumps were a quarter of encode() a change."""
+    if kind_problem(resource_name) is not None:
+        return None
+    return VERSIONS.index(required_version({"kind": resource_name})), _dumps(resource_name).encode()
 
 
 def required_version(document: dict[str, Any]) -> str:
@@ -249,12 +256,9 @@ def file_name(resource_name: str) -> str:
 
 
 class SpecWriter:
-    """Writes and removes colad's spec files in one directory, each only when its bytes change
-    (on disk: a file edited or removed behind colad's back is written again).
-
-    The temporary file ends in .tmp, which runtimes skip (they read *.json and *.yaml), and is
-    renamed over the spec, so a runtime reads either the old spec or the new one, never a part.
-    """
+    """Writes and removes colad's spec files in one directory, each only when its bytes change (on disk: a file
+    edited or removed behind colad's back is written again). The temporary file ends in .tmp, which runtimes
+    skip (they read *.json and *.yaml), and is renamed over the spec: a runtime reads the old spec or the new."""
 
     def __init__(self, spec_dir: str = DEFAULT_SPEC_DIR) -> None:
         self.spec_dir = spec_dir
@@ -307,11 +311,9 @@ MAX_SPEC_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class Listed:
-    """What the spec file of one resource lists: the device names, or why it lists none.
-
-    `reason` is a short label (metrics, logs): "" when the file is the resource's spec,
-    else missing, unreadable, invalid or other_kind; `problem` says it in words.
-    """
+    """What the spec file of one resource lists: the device names, or why it lists none. `reason` is a short
+    label (metrics, logs): "" when the file is the resource's spec, else missing, unreadable, invalid or
+    other_kind; `problem` says it in words."""
 
     names: frozenset[str] = frozenset()
     reason: str = ""
@@ -336,12 +338,9 @@ def parse_listed(data: bytes, kind: str) -> Listed:
 
 
 class SpecReader:
-    """Reads the spec file of a resource in a spec directory, again only when the file changed.
-
-    A read is cached under the file's (st_dev, st_ino, st_size, st_mtime_ns): SpecWriter renames
-    every new spec into place (a new inode), so a cache hit costs one stat. Called from gRPC
-    threads: the cache is one dict whose entries are replaced whole.
-    """
+    """Reads the spec file of a resource in a spec directory, again only when the file changed. A read is cached
+    under the file's (st_dev, st_ino, st_size, st_mtime_ns): SpecWriter renames every new spec into place (a new
+    inode), so a cache hit costs one stat. Called from gRPC threads: the cache is one dict replaced entry-whole."""
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[tuple[int, int, int, int], Listed]] = {}

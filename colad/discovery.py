@@ -316,13 +316,21 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         return [self.host_inotify.fileno(), *self.runner.fds()]
 
     def timeout(self) -> float:
-        follow_ups = [rw.follow_up for rw in self.watches.values() if rw.follow_up is not None]
-        follow_ups += [rw.hold_until for rw in self.watches.values() if rw.pending or rw.pending_whole]
         if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:
             return 0.0
+        # One pass, no lists: it runs every turn (cProfile: 4 % of a one-file change's turn as lists).
+        soonest = self.next_rescan
+        for rw in self.watches.values():
+            if rw.follow_up is not None and rw.follow_up < soonest:
+                soonest = rw.follow_up
+            if (rw.pending or rw.pending_whole) and rw.hold_until < soonest:
+                soonest = rw.hold_until
         probe = self.runner.next_deadline()
-        extra = [t for t in (probe, self.nfd_refresh if self.features is not None else None) if t is not None]
-        return max(0.0, min([self.next_rescan, *follow_ups, *extra, *self.due()]) - self.clock())
+        if probe is not None and probe < soonest:
+            soonest = probe
+        if self.features is not None and self.nfd_refresh < soonest:
+            soonest = self.nfd_refresh
+        return max(0.0, min([soonest, *self.due()]) - self.clock())
 
     def apply_config(self, previous: Config) -> None:
         """A reload: stop watching removed resources, watch and scan new or changed ones."""

@@ -54,3 +54,13 @@ def test_the_version_follows_every_name_whatever_sorts_first(ids: tuple[str, ...
         physical = DeviceSet.of(devices)
         full = cdi.build(RESOURCE, replicate(physical, replicas))
         assert cdi.encode(RESOURCE, physical, replicas) == (None if full is None else full.encode())
+
+
+@pytest.mark.parametrize("resource", ["example.com/cola", "a/b", "V_1.x-y/c_2-z", "nodomain", "v/cl.ass", "/c", "é/c"])
+def test_the_parts_kept_per_resource_name_give_builds_bytes_every_time(resource: str) -> None:
+    """encode() keeps each resource name's version and JSON (a second call is a cache hit): still build()'s bytes."""
+    for ids in (("a", "b"), ("0a", "b"), ("b",)):
+        physical = DeviceSet.of(Device(i) for i in ids)
+        full = cdi.build(resource, physical)
+        for _ in range(2):
+            assert cdi.encode(resource, physical) == (None if full is None else full.encode())
