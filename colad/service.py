@@ -21,18 +21,26 @@ import grpc
 from colad import allocation, cdi, constants, log
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
+from colad.broadcast import DeviceBroadcast
 from colad.device_list import encoded_list, fit_list, to_response
-from colad.devices import DeviceSet
 from colad.errors import AllocationError
 from colad.metrics import Metrics
 from colad.names import DEFAULT_RESOURCE_NAME
 
 LOG = log.get(__name__)
-# fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's.
+# fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's;
+# DeviceBroadcast (broadcast.py) for the roles and tests that name it from here.
 __all__ = [
-    "CHECK_METADATA", "DeviceBroadcast", "DevicePluginServicer", "RegisterCall", "StreamEvents", "build_server",
-    "fit_list", "plugin_options", "to_response",
-]  # fmt: skip
+    "CHECK_METADATA",
+    "DeviceBroadcast",
+    "DevicePluginServicer",
+    "RegisterCall",
+    "StreamEvents",
+    "build_server",
+    "fit_list",
+    "plugin_options",
+    "to_response",
+]
 
 # Streams beyond this are refused, so watchers (kubelet-sim, colad check...)
 # can never take every worker thread away from Allocate.
@@ -43,66 +51,6 @@ WORKERS = MAX_STREAMS + 8
 def plugin_options(pre_start_required: bool) -> pb.DevicePluginOptions:
     """The options of a resource: in its Register request and from GetDevicePluginOptions, the same."""
     return pb.DevicePluginOptions(pre_start_required=pre_start_required, get_preferred_allocation_available=True)
-
-
-class DeviceBroadcast:
-    """The device set every ListAndWatch stream follows; thread-safe.
-
-    `update` bumps a version only when the list the kubelet sees changed (IDs, health,
-    topology: a new env or a probe's new reason reaches Allocate, not the streams), and
-    streams send the newest set whenever the version moved since their last send, so a
-    burst of changes coalesces into as few messages as the stream can take.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._devices = DeviceSet()
-        self._version = 0
-        self._closed_generation = -1
-
-    @property
-    def devices(self) -> DeviceSet:
-        # One reference read, atomic under the GIL: every Allocate reads it, so no lock round-trip.
-        return self._devices
-
-    def update(self, devices: DeviceSet) -> bool:
-        with self._cond:
-            if devices is self._devices:
-                return False
-            visible = encoded_list(devices) != encoded_list(self._devices)  # cached on each set
-            # A set the kubelet sees differently is a change: no O(devices) __eq__ for it (py-spy, #14).
-            if not visible and devices == self._devices:
-                return False
-            self._devices = devices
-            if visible:
-                self._version += 1
-                self._cond.notify_all()
-            return True
-
-    def close_generation(self, generation: int) -> None:
-        """End every stream that belongs to server `generation` or an older one."""
-        with self._cond:
-            self._closed_generation = max(self._closed_generation, generation)
-            self._cond.notify_all()
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_change(self, seen: int, generation: int, alive: Callable[[], bool]) -> tuple[int, DeviceSet] | None:
-        """Block until the set moves past version `seen`; None when the stream must end."""
-        with self._cond:
-            while True:
-                if generation <= self._closed_generation or not alive():
-                    return None
-                if self._version != seen:
-                    return self._version, self._devices
-                # The timeout is only a safety net; cancellation and updates notify.
-                self._cond.wait(timeout=30.0)
-
-    def snapshot(self) -> tuple[int, DeviceSet]:
-        with self._cond:
-            return self._version, self._devices
 
 
 def to_container_response(result: allocation.ContainerAllocation) -> pb.ContainerAllocateResponse:
@@ -125,9 +73,12 @@ def _encode(resource: str, result: allocation.ContainerAllocation) -> tuple[byte
     """One container's answer as an AllocateResponse holding only it, and its log line but `check` (kept by answer)."""
     wire = pb.AllocateResponse(container_responses=[to_container_response(result)]).SerializeToString()
     fields = {
-        "resource": resource, "devices": ",".join(result.device_ids), "device_nodes": len(result.device_nodes),
-        "mounts": len(result.mounts), "cdi": len(result.cdi_devices),
-    }  # fmt: skip
+        "resource": resource,
+        "devices": ",".join(result.device_ids),
+        "device_nodes": len(result.device_nodes),
+        "mounts": len(result.mounts),
+        "cdi": len(result.cdi_devices),
+    }
     return wire, log.event_line("allocate", fields) + " check="
 
 
@@ -218,11 +169,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 names = None if listed is None else listed.names
                 answers = [
                     allocation.answer(
-                        devices, tuple(c.devices_ids), self._encode, resource_name=self.resource, cdi_mode=mode,
+                        devices,
+                        tuple(c.devices_ids),
+                        self._encode,
+                        resource_name=self.resource,
+                        cdi_mode=mode,
                         cdi_listed=names,
                     )
                     for c in request.container_requests
-                ]  # fmt: skip
+                ]
             except AllocationError as exc:
                 code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
                 if check:
@@ -265,9 +220,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return
         problem = listed.problem or "the spec does not list them"
         LOG.warning(
-            "devices not in colad's CDI spec: answered without CDI names", resource=self.resource, reason=reason,
-            problem=problem, devices=",".join(unlisted[:8]), check=check,
-        )  # fmt: skip
+            "devices not in colad's CDI spec: answered without CDI names",
+            resource=self.resource,
+            reason=reason,
+            problem=problem,
+            devices=",".join(unlisted[:8]),
+            check=check,
+        )
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -310,16 +269,22 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 self.metrics.pre_start_requests.labels(self.resource, outcome).inc()
                 devices = ",".join(step.device_ids)
                 LOG.warning(
-                    "prepare failed", resource=self.resource, devices=devices, command=step.argv[0],
+                    "prepare failed",
+                    resource=self.resource,
+                    devices=devices,
+                    command=step.argv[0],
                     reason=result.reason,
-                )  # fmt: skip
+                )
                 message = f"prepare command {step.argv[0]} failed for device {devices}: {result.reason}"
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         self.metrics.pre_start_requests.labels(self.resource, "success").inc()
         LOG.info(
-            "prepared", resource=self.resource, devices=",".join(requested), commands=len(steps),
+            "prepared",
+            resource=self.resource,
+            devices=",".join(requested),
+            commands=len(steps),
             seconds=f"{time.perf_counter() - started:.3f}",
-        )  # fmt: skip
+        )
         return pb.PreStartContainerResponse()
 
 
