@@ -8,6 +8,7 @@ Fixtures that build these live in conftest.py beside this module.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -36,6 +37,14 @@ def make_config(root: Path, **overrides: object) -> Config:
     }
     values.update(overrides)
     return Config(**values)  # type: ignore[arg-type]
+
+
+def discovery_config(root: Path, **overrides: object) -> Config:
+    """make_config() with the run directory (root-only, as colad makes it) and the device directory made."""
+    config = make_config(root, **overrides)
+    os.mkdir(config.run_dir, 0o700)
+    os.mkdir(config.device_dir)
+    return config
 
 
 def bind_socket(path: Path) -> None:

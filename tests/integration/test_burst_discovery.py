@@ -8,7 +8,6 @@ discovery.RELIST_NAMES lists the directory once; fewer are looked at one by one.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from colad.config import Config
 from colad.discovery import RELIST_NAMES, Discovery
 from colad.messages import DeviceSnapshot
 from tests.helpers import wait_until
-from tests.integration.support import Serve, begin, make_config
+from tests.integration.support import Serve, begin, discovery_config
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +56,7 @@ class CountingDiscovery(Discovery):
 
 @pytest.fixture
 def cfg(short_tmp: Path) -> Config:
-    config = make_config(short_tmp)
-    os.mkdir(config.run_dir, 0o700)
-    os.mkdir(config.device_dir)
-    return config
+    return discovery_config(short_tmp)
 
 
 def _bound(turns: int) -> int:

@@ -23,7 +23,7 @@ from colad.messages import DeviceDelta, DeviceSnapshot
 from colad.queue import QueueClient, QueueServer
 from colad.snapshots import Held, Outcome, Receiver
 from tests.helpers import wait_until
-from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
+from tests.integration.support import Inbox, RoleRunner, Serve, begin, discovery_config
 
 pytestmark = pytest.mark.integration
 
@@ -53,10 +53,7 @@ class WireLog(Receiver):
 
 @pytest.fixture
 def cfg(short_tmp: Path) -> Config:
-    config = make_config(short_tmp)
-    os.mkdir(config.run_dir, 0o700)
-    os.mkdir(config.device_dir)
-    return config
+    return discovery_config(short_tmp)
 
 
 def _serve(serve: Serve, cfg: Config) -> tuple[QueueServer, Inbox, WireLog]:

@@ -10,7 +10,6 @@ empty file's content is its size: it is never racy, and its cache entry has no k
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from colad import cdi, device_health, devicedir
 from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery
-from tests.integration.support import make_config
+from tests.integration.support import discovery_config
 
 pytestmark = pytest.mark.integration
 COUNT = 300
@@ -29,10 +28,7 @@ COUNT = 300
 
 @pytest.fixture
 def cfg(short_tmp: Path) -> Config:
-    config = make_config(short_tmp)
-    os.mkdir(config.run_dir, 0o700)
-    os.mkdir(config.device_dir)
-    return config
+    return discovery_config(short_tmp)
 
 
 def _settled(cfg: Config) -> Discovery:

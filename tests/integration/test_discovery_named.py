@@ -20,7 +20,7 @@ from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery, ResourceWatch, fit_the_queue
 from tests.helpers import wait_until
-from tests.integration.support import make_config
+from tests.integration.support import discovery_config
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +35,7 @@ CONTENTS = [
 
 @pytest.fixture
 def cfg(short_tmp: Path) -> Config:
-    config = make_config(short_tmp)
-    os.mkdir(config.run_dir, 0o700)
-    os.mkdir(config.device_dir)
-    return config
+    return discovery_config(short_tmp)
 
 
 def _reference(cfg: Config, inotify: watch.Inotify) -> tuple[object, dict[str, str]]:
