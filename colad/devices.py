@@ -357,17 +357,24 @@ class ScanResult:
     skipped: tuple[SkippedName, ...] = ()
 
 
-def build(names: Iterable[str]) -> ScanResult:
-    """Turn the regular-file names found in the device directory into a ScanResult."""
-    devices: list[Device] = []
-    skipped: list[SkippedName] = []
+def valid_ids(names: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """The names that are device IDs, sorted and once each, and why each other name is not one."""
+    ids: list[str] = []
+    problems: dict[str, str] = {}
     for name in sorted(set(names)):
         problem = id_problem(name)
         if problem is None:
-            devices.append(Device(name))
+            ids.append(name)
         else:
-            skipped.append(SkippedName(name, problem))
-    return ScanResult(DeviceSet.of(devices), tuple(skipped))
+            problems[name] = problem
+    return ids, problems
+
+
+def build(names: Iterable[str]) -> ScanResult:
+    """Turn the regular-file names found in the device directory into a ScanResult."""
+    ids, problems = valid_ids(names)
+    skipped = tuple(SkippedName(name, problem) for name, problem in problems.items())
+    return ScanResult(DeviceSet.of([Device(i) for i in ids]), skipped)
 
 
 @dataclass(frozen=True)

@@ -165,17 +165,8 @@ class ResourceWatch:
             kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
             self.shown = {}
             return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=f"{code}: {exc.strerror}")
-        problems: dict[str, str] = {}
-        ids: list[str] = []
-        # devices.build(names) without its Device per name: 10,000 objects made to be dropped (#14).
-        for name in sorted(names):
-            if ids and ids[-1] == name:
-                continue
-            why = devices.id_problem(name)
-            if why is None:
-                ids.append(name)
-            else:
-                problems[name] = why
+        # Not devices.build(names): its Device per name would be made to be dropped (10,000 objects, #14).
+        ids, problems = devices.valid_ids(names)
         found: list[Device] = []
         cache: dict[str, _Cached] = {}
         sizes: dict[str, int] = {}
