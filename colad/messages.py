@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from colad.config import resource_name_problem
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
@@ -172,8 +173,6 @@ def _device_message_bytes(message: DeviceSnapshot | DeviceDelta) -> bytes:
     10,000 devices, most of it kept by Python's allocator afterwards (#14). Here a few hundred entries
     live at a time and the frame grows in one buffer (malloc's, given back when freed).
     """
-    from itertools import islice
-
     from colad.device_wire import device_entry
 
     body = _body(message, [])
