@@ -142,6 +142,7 @@ class FakeKubelet:
         self._checkpoint_lock = threading.Lock()
         self._registrations: list[Registration] = []
         self._updates: list[ListAndWatchUpdate] = []
+        self._handled = 0  # updates whose handling ended (checkpoint written): the loop is back in Recv()
         self._violations: list[str] = []
         self._in_flight = 0  # Register calls being carried out, even those whose caller gave up
         self._clients: list[_Client] = []
@@ -358,8 +359,13 @@ class FakeKubelet:
                     d.ID: tuple(n.ID for n in d.topology.nodes) for d in message.devices if d.HasField("topology")
                 }
             self._cond.notify_all()
-        if self.write_checkpoint and not client.stop_event.is_set():
-            self._write_checkpoint()
+        try:
+            if self.write_checkpoint and not client.stop_event.is_set():
+                self._write_checkpoint()
+        finally:
+            with self._cond:
+                self._handled += 1
+                self._cond.notify_all()
         return True
 
     def _write_checkpoint(self) -> None:
@@ -504,6 +510,17 @@ class FakeKubelet:
 
     def successful_registrations(self) -> list[Registration]:
         return [r for r in self.registrations if r.ok]
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until every ListAndWatch message received so far is handled, its checkpoint written and fsynced.
+
+        The kubelet's receive loop writes the checkpoint before its next Recv(), so a message sent
+        meanwhile waits in the stream: on a slow disk an fsync takes 100 ms and more. A measurement
+        that means to time the plugin, not the kubelet's disk, waits for this first.
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._handled >= len(self._updates), timeout):
+                raise TimeoutError(f"fake kubelet: {len(self._updates) - self._handled} message(s) unhandled")
 
     def current_endpoint(self, resource: str | None = None) -> str | None:
         with self._cond:

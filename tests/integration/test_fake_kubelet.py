@@ -390,6 +390,35 @@ def test_checkpoint_is_rewritten_by_rename_after_each_update(kubelet: FakeKubele
     assert [n for n in os.listdir(kubelet.plugin_dir) if n.startswith(".")] == []
 
 
+def test_wait_idle_waits_for_the_checkpoint_and_the_next_message_waits_too(
+    kubelet: FakeKubelet, plugins: list[Plugin]
+) -> None:
+    """As in the kubelet's receive loop: a message sent while a checkpoint is written is read after it."""
+    held, writing = threading.Event(), threading.Event()
+    write = kubelet._write_checkpoint
+
+    def slow_disk() -> None:
+        writing.set()
+        held.wait(10)
+        write()
+
+    plugin = running(plugins, Plugin(kubelet.plugin_dir, {"a": "Healthy"}), kubelet)
+    kubelet.wait_devices({"a"})
+    kubelet.wait_idle(5)
+    kubelet._write_checkpoint = slow_disk  # type: ignore[method-assign]
+    plugin.set_devices({"b": "Healthy"})
+    assert writing.wait(5)
+    plugin.set_devices({"c": "Healthy"})
+    with pytest.raises(TimeoutError, match="1 message"):
+        kubelet.wait_idle(0.2)
+    assert [u.devices for u in kubelet.updates] == [{"a": "Healthy"}, {"b": "Healthy"}]
+    held.set()
+    kubelet.wait_devices({"c"})
+    kubelet.wait_idle(5)
+    assert [u.devices for u in kubelet.updates][-1] == {"c": "Healthy"}
+    assert kubelet.violations == []
+
+
 def test_restart_deletes_plugin_socket_ends_stream_and_needs_new_register(
     kubelet: FakeKubelet, plugins: list[Plugin]
 ) -> None:
