@@ -21,7 +21,7 @@ from bench import measure
 from bench.subjects import Colad, Subject, settle
 
 NAMES = {f"cola-{i:02d}" for i in range(10)}
-FIGURES = ("cpu_change", "cpu_change_plugin", "change_p50_ms", "cpu_reregister", "reregister_p50_ms")
+FIGURES = ("cpu_change", "cpu_change_plugin", "change_p50_ms", "change_p99_ms", "cpu_reregister", "reregister_p50_ms")
 
 
 def _named(colad: Colad, name: str) -> Colad:
@@ -47,6 +47,7 @@ def one_round(old: str, env: dict[str, str], changes: int, restarts: int) -> dic
         for s in subjects:
             out[s.name].update(cpu_change=cpu[s.name]["total"], cpu_change_plugin=cpu[s.name]["plugin"])
             out[s.name]["change_p50_ms"] = statistics.median(latency[s.name]) * 1000
+            out[s.name]["change_p99_ms"] = measure.percentile(latency[s.name], 99) * 1000
         settle(2.0)
         before = measure.cpu(subjects)
         again = measure.reregistrations(subjects, NAMES, restarts)

@@ -60,6 +60,19 @@ def cold_start(subject: Subject, names: set[str], first: str) -> dict[str, float
     }
 
 
+def quiet(subjects: Sequence[Subject], gap: float) -> None:
+    """Every fake kubelet done with what it received (checkpoint fsynced), then `gap` seconds more.
+
+    The kubelet writes its checkpoint before it reads the next message, and an fsync on this
+    machine's disk takes 0.5 ms at the median but 20-190 ms at its tail: a change made during
+    one waits for it in the stream, and its figure would be the disk's, whichever plugin sent
+    it. The gap lets the plugin's own follow-up work (the watcher woken by that checkpoint) end.
+    """
+    for subject in subjects:
+        subject.kubelet.wait_idle()
+    time.sleep(gap)
+
+
 def change(subject: Subject, name: str, create: bool) -> float:
     """Seconds from one create or unlink in the device directory to the first message that shows it."""
     endpoint = subject.kubelet.current_endpoint()
@@ -78,14 +91,13 @@ def changes(
 ) -> dict[str, list[float]]:
     """`count` changes per subject, interleaved, alternating create and unlink of `prefix-NNN`.
 
-    Each change waits `gap` seconds after the previous one was seen, so that it
-    meets a quiet system (the kubelet's checkpoint write, the plugin's follow-up
-    work), not the tail of the change before: a lone change, as on a node.
+    Each change meets a quiet system, not the tail of the change before: a lone
+    change, as on a node (see `quiet`).
     """
     seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
     for i in range(count):
         for subject in subjects if i % 2 == 0 else reversed(subjects):
-            time.sleep(gap)
+            quiet(subjects, gap)
             if remove_first:  # unlink an existing device, then create it again: the set never grows
                 seconds[subject.name].append(change(subject, f"{prefix}{i // 2}", create=i % 2 == 1))
             else:

@@ -80,7 +80,7 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
 
         def propagate() -> None:
             for s in subjects:
-                settle(args.gap)
+                measure.quiet(subjects, args.gap)
                 series[s.name].append(measure.change(s, "first-change", create=False))
             for name, values in measure.changes(subjects, args.changes - 2, "change", args.gap).items():
                 series[name] += values
