@@ -62,7 +62,7 @@ def scan_figures(root: Path, count: int, with_content: bool) -> tuple[list[float
     rw.scan(None)
     (directory / "cola1").write_text(CONTENT.format(node=1, name="cola1") if with_content else "")
     warm_ms = timed(lambda: rw.scan({"cola1"}), 20)
-    found, _, _ = rw.scan(None)
+    found = rw.scan(None).devices
     size = len(messages.encode(messages.DeviceSnapshot(1, 1, found)))
     inotify.close()
     return cold_ms, warm_ms, size
