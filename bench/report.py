@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import scale
+from bench import floor, scale
 from bench.budgets import Verdict, summary_line
 
 Row = tuple[str, float | None, float | None]
@@ -161,6 +161,13 @@ def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:
     colad_env = meta.get("parameters", {}).get("colad_env")
     if colad_env:
         head += "\ncolad's processes with " + " ".join(f"{k}={v}" for k, v in sorted(colad_env.items()))
-    sections = [head, table(results), scale.table(results), memory_table(results), cpu_table(results)]
+    sections = [
+        head,
+        table(results),
+        floor.table(results),
+        scale.table(results),
+        memory_table(results),
+        cpu_table(results),
+    ]
     sections.append(idle_table(results))
     return "\n\n".join(sections + [budgets(verdicts)])

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import budgets, installed, measure, procstat, report, scale, subjects
+from bench import budgets, floor, installed, measure, procstat, report, scale, subjects
 from bench.subjects import REPO, Baseline, Colad, Subject, settle
 
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch", "plugin": "colad.plugin"}
@@ -189,6 +189,8 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         args.python, how = installed.prepare(asked, base)
         progress(f"subjects run on {asked}, {how}")
         phase_small(base, args, results)
+        progress(f"floor: supervisord alone and an interpreter importing grpc, {floor.RUNS} runs each")
+        results["floor"] = floor.measure(args.python, base / "floor")
         scale.phase(base, args, results, progress)
         results["imports"] = role_imports(args.python)
         versions = runtime(args.python, shown=asked)

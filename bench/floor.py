@@ -1,0 +1,94 @@
+"""What any plugin started by supervisord pays before it can register, measured in the same run.
+
+Two parts of the design card that no code of colad's can make cheaper:
+- supervisord alone, on a minimal config (a Unix socket, its XML-RPC interface, no program), from
+  its spawn to its pid file: colad's roles cannot be spawned sooner;
+- an interpreter that imports grpc and exits: a role serving the device plugin API cannot
+  answer sooner after its spawn.
+Their sum is a floor under colad's cold start that has no `colad supervise` step, no contention
+for the CPUs and no code of colad's own. It is printed beside the baseline's cold start, so the
+cold-start budget can be read against it in every run. No budget uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import wait_until
+
+RUNS = 5
+CONFIG = """[supervisord]
+nodaemon=true
+user=root
+pidfile={dir}/supervisord.pid
+logfile={dir}/supervisord.log
+[unix_http_server]
+file={dir}/supervisor.sock
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+"""
+
+
+def _pid_written(path: Path) -> bool:
+    try:
+        return path.read_text().strip().isdigit()
+    except OSError:
+        return False
+
+
+def supervisord_start(python: str, base: Path) -> float:
+    """Milliseconds from spawning supervisord (minimal config) to its pid file."""
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "supervisord.conf").write_text(CONFIG.format(dir=base))
+    pidfile = base / "supervisord.pid"
+    pidfile.unlink(missing_ok=True)
+    command = [python, "-m", "supervisor.supervisord", "-c", str(base / "supervisord.conf")]
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _pid_written(pidfile), 20, "supervisord's pid file", interval=0.001)
+        return (time.monotonic() - started) * 1000
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def grpc_import(python: str) -> float:
+    """Milliseconds for an interpreter to start, import grpc and exit."""
+    started = time.monotonic()
+    subprocess.run([python, "-c", "import grpc"], check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return (time.monotonic() - started) * 1000
+
+
+def measure(python: str, base: Path, runs: int = RUNS) -> dict[str, float]:
+    """Median of `runs` of each, alternated; and their sum."""
+    starts, imports = [], []
+    for i in range(runs):
+        starts.append(supervisord_start(python, base / f"floor-{i}"))
+        imports.append(grpc_import(python))
+    start, imported = statistics.median(starts), statistics.median(imports)
+    return {
+        "supervisord_ms": round(start, 1),
+        "grpc_import_ms": round(imported, 1),
+        "sum_ms": round(start + imported, 1),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    figures = results.get("floor")
+    baseline = results["baseline"].get("cold_start", {}).get("registered_ms")
+    if not figures or not baseline:
+        return "floor: not measured"
+    rows = [
+        ("supervisord alone, spawn -> pid file, ms", figures["supervisord_ms"], ""),
+        ("interpreter + import grpc, to exit, ms", figures["grpc_import_ms"], ""),
+        ("sum, before any code of colad's, ms", figures["sum_ms"], f"{figures['sum_ms'] / baseline:.2f}"),
+    ]
+    lines = [f"{f'floor under a supervised plugin (median of {RUNS})':<52}{'':>11}{'x baseline cold start':>22}"]
+    lines += [f"  {label:<50}{value:>11}{ratio:>22}" for label, value, ratio in rows]
+    return "\n".join(lines)
