@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import image
 from tests.fakes.kubelet import FakeKubelet
 from tests.service import ColadService
 
@@ -28,3 +29,13 @@ def colad(short_tmp: Path, kubelet: FakeKubelet) -> Iterator[ColadService]:
     yield service
     rc = service.stop()
     assert rc == 0, f"supervisord exited with {rc}\n" + service.log()[-4000:]
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The base image in local storage: imported from a debootstrapped root when missing, never a skip.
+
+    Checked when a test asks, not at collection: on a fresh machine test_image.py may import it first,
+    and a skip decided before that would leave CDI untested exactly where nothing was cached.
+    """
+    return image.ensure_base()

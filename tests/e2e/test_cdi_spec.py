@@ -22,7 +22,7 @@ from tests.helpers import wait_until
 from tests.service import ColadService
 from tests.unit.test_cdi import _schema
 
-pytestmark = [pytest.mark.e2e, needs_podman]
+pytestmark = [pytest.mark.e2e, *needs_podman]
 
 
 def _spec(path: Path) -> dict[str, object] | None:
