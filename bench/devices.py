@@ -8,6 +8,7 @@ Ratios compare with empty device files measured in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -96,14 +97,14 @@ def main() -> int:
         ids = list(devs.ids)
         row(
             f"preferred(), {size} devices on {nodes} NUMA nodes, size 4",
-            timed(lambda d=devs, i=ids: allocation.preferred(d, i, [], 4), 50),
+            timed(functools.partial(allocation.preferred, devs, ids, [], 4), 50),
         )
     replicated = devices.replicate(devices.DeviceSet.of(devices.Device(f"cola{n}") for n in range(256)), 8)
     rids = list(replicated.ids)
     for policy in ("spread", "pack"):
         row(
             f"preferred(), 256 devices x 8 replicas, size 8, {policy}",
-            timed(lambda p=policy: allocation.preferred(replicated, rids, [], 8, p), 50),
+            timed(functools.partial(allocation.preferred, replicated, rids, [], 8, policy), 50),
         )
     request = [f"cola{n}" for n in range(0, 64)]
     devs = devices.DeviceSet.of(

@@ -232,7 +232,7 @@ def idle(subjects: Sequence[Subject], seconds: float) -> dict[str, dict[str, dic
     return costs
 
 
-def burst(subject: Subject, count: int, prefix: str) -> dict[str, float]:
+def burst(subject: Subject, count: int, prefix: str) -> dict[str, Any]:
     """Create `count` files as fast as Python can; time until one message holds them all."""
     names = [f"{prefix}-{i:05d}" for i in range(count)]
     since = len(subject.kubelet.updates)

@@ -194,7 +194,8 @@ def main() -> int:
         role_main(args.role, args.nfd)
         return 0
     if args.child:
-        child_main(*args.child, args.spy, args.nfd)
+        phase, root, out = args.child
+        child_main(phase, root, out, args.spy, args.nfd)
         return 0
     trees = {"new": args.new.resolve()} | {n: Path(t).resolve() for n, _, t in (o.partition("=") for o in args.old)}
     sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it

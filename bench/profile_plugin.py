@@ -294,7 +294,8 @@ def main() -> int:
         sender_main(args.sender[0], int(args.sender[1]))
         return 0
     if args.child:
-        child_main(*args.child, args.spy, args.queue)
+        phase, root, out = args.child
+        child_main(phase, root, out, args.spy, args.queue)
         return 0
     os.environ["PROFILE_PLUGIN_DEVICES"] = str(args.devices)  # the children inherit it
     trees = {"new": REPO} | ({"old": args.old.resolve()} if args.old else {})

@@ -118,7 +118,7 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
         progress(f"idle: {args.idle:g} s, both plugins at once")
         for name, costs in measure.idle(subjects, args.idle).items():
             results[name]["idle"] = costs
-        runs: dict[str, list[dict[str, float]]] = {s.name: [] for s in subjects}
+        runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in subjects}
         for r in range(args.bursts):
             for s in subjects if r % 2 == 0 else reversed(subjects):
                 progress(f"{s.name}: {args.burst}-file burst {r + 1} of {args.bursts}")

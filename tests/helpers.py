@@ -15,7 +15,7 @@ class WaitTimeout(AssertionError):
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     describe: str,
     *,

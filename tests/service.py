@@ -337,7 +337,7 @@ class ColadService:
 
     def wait_log(self, needle: str, timeout: float = 10.0, count: int = 1) -> list[str]:
         return wait_until(
-            lambda: (lines := self.log_lines(needle)) and len(lines) >= count and lines,
+            lambda: lines if len(lines := self.log_lines(needle)) >= count else None,
             timeout,
             f"{count}x {needle!r} in the colad log",
             logs=[self.log_path],
