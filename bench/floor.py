@@ -7,7 +7,11 @@ Two parts of the design card that no code of colad's can make cheaper:
   answer sooner after its spawn.
 Their sum is a floor under colad's cold start that has no `colad supervise` step, no contention
 for the CPUs and no code of colad's own. It is printed beside the baseline's cold start, so the
-cold-start budget can be read against it in every run. No budget uses it.
+cold-start budget can be read against it in every run.
+And the split alone: the baseline cut into colad's three processes (bench/baseline_split.py), one
+round beside the baseline (bench/split_floor.py): its cold start, CPU per change, propagation and
+PSS against the baseline's, which is what the card's separate processes cost before colad's own
+work and supervisord. No budget uses any of it.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import procstat, split_floor
+from bench.subjects import Baseline, Split
 from colad.supervise import user_name
 from tests.helpers import wait_until
 
 RUNS = 5
+SPLIT_CHANGES = 200
 CONFIG = """[supervisord]
 nodaemon=true
 {user}pidfile={dir}/supervisord.pid
@@ -40,8 +47,8 @@ def _pid_written(path: Path, pid: int) -> bool:
         return False
 
 
-def supervisord_start(python: str, base: Path) -> float:
-    """Milliseconds from spawning supervisord (minimal config) to its pid file."""
+def supervisord_start(python: str, base: Path) -> tuple[float, float]:
+    """Milliseconds from spawning supervisord (minimal config) to its pid file, and then its PSS in MiB."""
     base.mkdir(parents=True, exist_ok=True)
     user = user_name()  # as colad's template: supervisord refuses a user= that names no passwd entry
     (base / "supervisord.conf").write_text(CONFIG.format(dir=base, user=f"user={user}\n" if user else ""))
@@ -52,7 +59,7 @@ def supervisord_start(python: str, base: Path) -> float:
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: _pid_written(pidfile, proc.pid), 20, "supervisord's pid file", interval=0.001)
-        return (time.monotonic() - started) * 1000
+        return (time.monotonic() - started) * 1000, procstat.memory(proc.pid)["pss_mib"]
     finally:
         proc.terminate()
         proc.wait(20)
@@ -65,17 +72,22 @@ def grpc_import(python: str) -> float:
     return (time.monotonic() - started) * 1000
 
 
-def measure(python: str, base: Path, runs: int = RUNS) -> dict[str, float]:
-    """Median of `runs` of each, alternated; and their sum."""
-    starts, imports = [], []
+def measure(python: str, base: Path, runs: int = RUNS, changes: int = SPLIT_CHANGES) -> dict[str, Any]:
+    """Median of `runs` of each, alternated; their sum; and one round of the split beside the baseline."""
+    starts, pss, imports = [], [], []
     for i in range(runs):
-        starts.append(supervisord_start(python, base / f"floor-{i}"))
+        started, memory = supervisord_start(python, base / f"floor-{i}")
+        starts.append(started)
+        pss.append(memory)
         imports.append(grpc_import(python))
     start, imported = statistics.median(starts), statistics.median(imports)
+    split = split_floor.one_round([Baseline(python), Split(python)], changes)
     return {
         "supervisord_ms": round(start, 1),
+        "supervisord_pss_mib": round(statistics.median(pss), 1),
         "grpc_import_ms": round(imported, 1),
         "sum_ms": round(start + imported, 1),
+        "split": split,
     }
 
 
@@ -91,4 +103,13 @@ def table(results: dict[str, Any]) -> str:
     ]
     lines = [f"{f'floor under a supervised plugin (median of {RUNS})':<52}{'':>11}{'x baseline cold start':>22}"]
     lines += [f"  {label:<50}{value:>11}{ratio:>22}" for label, value, ratio in rows]
+    split = figures.get("split")
+    if split:
+        title = "the baseline in three processes, no supervisord (one round)"
+        lines.append(f"{title:<63}{'x baseline, same round':>22}")
+        both, alone = split["split"], split["baseline"]
+        for key, label in split_floor.FIGURES:
+            lines.append(f"  {label:<50}{both[key]:>11.2f}{both[key] / alone[key]:>22.2f}")
+        total = both["pss_mib"] + figures["supervisord_pss_mib"]
+        lines.append(f"  {'  + supervisord alone, PSS MiB':<50}{total:>11.1f}{total / alone['pss_mib']:>22.2f}")
     return "\n".join(lines)

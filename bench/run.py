@@ -189,7 +189,10 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         args.python, how = installed.prepare(asked, base)
         progress(f"subjects run on {asked}, {how}")
         phase_small(base, args, results)
-        progress(f"floor: supervisord alone and an interpreter importing grpc, {floor.RUNS} runs each")
+        progress(
+            f"floor: supervisord alone and an interpreter importing grpc, {floor.RUNS} runs each;"
+            f" the split beside the baseline, {floor.SPLIT_CHANGES} changes"
+        )
         results["floor"] = floor.measure(args.python, base / "floor")
         scale.phase(base, args, results, progress)
         results["imports"] = role_imports(args.python)

@@ -199,6 +199,58 @@ class Baseline:
         self.proc = None
 
 
+class Split:
+    """bench/baseline_split.py: the baseline cut into colad's three processes, with no supervisord."""
+
+    name = "split"
+    ROLES = ("plugin", "discovery", "kubelet-watch")
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.python = python
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, root: Path) -> None:
+        devices, kubelet, queue = root / "colas", root / "kubelet", root / "split-queue.sock"
+        devices.mkdir(parents=True, exist_ok=True)
+        kubelet.mkdir(parents=True, exist_ok=True)
+        queue.unlink(missing_ok=True)
+        args = {
+            "plugin": [devices, kubelet, queue],
+            "discovery": [devices, queue],
+            "kubelet-watch": [kubelet, queue],
+        }
+        with open(root / "split.log", "ab") as log:
+            for role in self.ROLES:  # all at once, as supervisord starts colad's
+                self.procs[role] = subprocess.Popen(
+                    [self.python, "-m", "bench.baseline_split", role, *map(str, args[role])],
+                    cwd=REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+
+    def wait_ready(self) -> None:
+        for role, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"split {role} exited with {proc.returncode}")
+
+    def pids(self) -> dict[str, int]:
+        return {role: proc.pid for role, proc in self.procs.items()}
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs = {}
+
+
 class Subject:
     """One plugin under test with its own root directory and fake kubelet."""
 
