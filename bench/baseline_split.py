@@ -40,8 +40,12 @@ def split_plugin(device_dir: str, kubelet_dir: str) -> Any:
     from bench.baseline_plugin import Plugin
 
     class SplitPlugin(Plugin):
-        def rescan(self) -> None:  # the first list comes from discovery, as in colad
-            self.first = threading.Event()
+        def __init__(self, device_dir: str, kubelet_dir: str) -> None:
+            self.first = threading.Event()  # set by the first list from discovery
+            super().__init__(device_dir, kubelet_dir)
+
+        def rescan(self) -> None:  # the list comes from discovery, as in colad
+            pass
 
         def take(self, names: list[str]) -> None:
             with self.cond:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from tests.fakes.kubelet import FakeKubelet, ListAndWatchUpdate, Registration
 from tests.helpers import wait_until
@@ -152,6 +152,36 @@ class Colad:
             self._runtime = None
 
 
+def _spawn(python: str, args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`python -m <args>` from this checkout, in a session of its own, its output to `log`."""
+    env = dict(os.environ)
+    if python != sys.executable:  # as ColadService does: this checkout on another interpreter's packages
+        env["PYTHONPATH"] = str(REPO)
+        env.pop("VIRTUAL_ENV", None)
+    return subprocess.Popen(
+        [python, "-m", *args],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each that still runs, then wait; killed after 10 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class Baseline:
     """bench/baseline_plugin.py: one process, on the same interpreter and packages as colad."""
 
@@ -164,20 +194,8 @@ class Baseline:
     def start(self, root: Path) -> None:
         (root / "colas").mkdir(parents=True, exist_ok=True)
         (root / "kubelet").mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        if self.python != sys.executable:  # as ColadService does: this checkout on another interpreter's packages
-            env["PYTHONPATH"] = str(REPO)
-            env.pop("VIRTUAL_ENV", None)
         with open(root / "baseline.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [self.python, "-m", "bench.baseline_plugin", str(root / "colas"), str(root / "kubelet")],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            self.proc = _spawn(self.python, ["bench.baseline_plugin", str(root / "colas"), str(root / "kubelet")], log)
 
     def wait_ready(self) -> None:
         assert self.proc is not None
@@ -189,13 +207,8 @@ class Baseline:
         return {"plugin": self.proc.pid}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            _terminate([self.proc])
         self.proc = None
 
 
@@ -221,14 +234,7 @@ class Split:
         }
         with open(root / "split.log", "ab") as log:
             for role in self.ROLES:  # all at once, as supervisord starts colad's
-                self.procs[role] = subprocess.Popen(
-                    [self.python, "-m", "bench.baseline_split", role, *map(str, args[role])],
-                    cwd=REPO,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+                self.procs[role] = _spawn(self.python, ["bench.baseline_split", role, *map(str, args[role])], log)
 
     def wait_ready(self) -> None:
         for role, proc in self.procs.items():
@@ -239,15 +245,7 @@ class Split:
         return {role: proc.pid for role, proc in self.procs.items()}
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        _terminate(list(self.procs.values()))
         self.procs = {}
 
 
