@@ -22,7 +22,7 @@ from typing import Any
 from bench.measure import cold_start
 from bench.subjects import Baseline, Colad, Subject
 
-DEVICES = {f"dev-{i}" for i in range(10)}
+DEVICES = 10  # device files at the start (--devices): 10,000 gives the scale table's "start -> full list"
 _COLAD = re.compile(r"^ts=(\S+)Z level=\S+ proc=(\S+) msg=(\"[^\"]*\"|\S+)(.*)$")
 _SUPERVISORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (.*)$")
 
@@ -58,17 +58,26 @@ def timeline(text: str) -> dict[str, float]:
     return steps
 
 
-def one_run(name: str, tree: str | None) -> dict[str, float]:
-    """One cold start of `name` ("new", "old" or "baseline"): its steps in ms after the spawn."""
+def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, float]:
+    """One cold start of `name` ("new", "old" or "baseline") over `devices` files: its steps in ms after the spawn."""
+    names = {f"dev-{i}" for i in range(devices)}
     root = Path(tempfile.mkdtemp(prefix=f"coldstart-{name}-"))
     plugin: Any = Baseline() if name == "baseline" else Colad(tree=tree)
     subject = Subject(plugin, root)
+    clocks: list[float] = []  # the wall and monotonic time of the spawn, after the files are made
+    spawn = plugin.start
+
+    def start(where: Path) -> None:
+        clocks.extend((time.time(), time.monotonic()))
+        spawn(where)
+
+    plugin.start = start
     try:
-        wall0, mono0 = time.time(), time.monotonic()
-        cold_start(subject, DEVICES, "first")
+        cold_start(subject, names, "first")
+        wall0, mono0 = clocks
         reg = subject.kubelet.successful_registrations()[0]
         steps = {"Register sent": reg.at - mono0, "Register answered": reg.answered_at - mono0}
-        steps["first full list"] = subject.full_list_after(0, DEVICES).at - mono0
+        steps["first full list"] = subject.full_list_after(0, names).at - mono0
         if name != "baseline":
             for step, at in timeline((root / "colad.log").read_text(errors="replace")).items():
                 steps[step] = at - wall0
@@ -92,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--old", help="another checkout of colad, interleaved run by run")
     parser.add_argument("--baseline", action="store_true", help="also the single-process baseline plugin")
+    parser.add_argument("--devices", type=int, default=DEVICES, help=f"device files at the start (default {DEVICES})")
     args = parser.parse_args(argv)
     subjects: list[tuple[str, str | None]] = [("new", None)]
     if args.old:
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in subjects}
     for round_ in range(args.runs):
         for name, tree in subjects if round_ % 2 == 0 else reversed(subjects):
-            runs[name].append(one_run(name, tree))
+            runs[name].append(one_run(name, tree, args.devices))
             print(
                 f"round {round_ + 1} {name}: Register answered {runs[name][-1]['Register answered']} ms",
                 file=sys.stderr,
