@@ -6,6 +6,10 @@ Unix stream socket (4-byte length, JSON); `kubelet-watch` watches the kubelet di
 line when kubelet.sock is created; `plugin` listens on that socket, one thread reading it, and serves
 gRPC as the baseline does. No supervisord, no delta, no state file, no log line per change, no health,
 no CDI, no metrics: what the split alone costs (#14). Started as three processes by bench.subjects.Split.
+With SPLIT_CARD_IMPORTS=1 in the environment each role also loads what the design card and the house style
+make every colad role load whatever its code: `dataclasses` (a typed config, STYLE.md) and, in the plugin
+once it has registered (as colad's plugin loads them), `prometheus_client` with a counter and a histogram
+(the card's allocation metrics); none of them used.
 Usage: python -m bench.baseline_split plugin DEVICES KUBELET QUEUE | discovery DEVICES QUEUE |
 kubelet-watch KUBELET QUEUE
 """
@@ -25,6 +29,8 @@ from typing import Any
 import pyinotify
 
 HEADER = struct.Struct("!I")
+CARD_IMPORTS_ENV = "SPLIT_CARD_IMPORTS"
+KEPT: list[object] = []  # what card_imports() loaded, alive for the process' life
 DEVICE_EVENTS = pyinotify.IN_CREATE | pyinotify.IN_DELETE | pyinotify.IN_MOVED_FROM | pyinotify.IN_MOVED_TO
 
 
@@ -102,9 +108,28 @@ def watch(directory: str, mask: int, on_event: pyinotify.ProcessEvent | object) 
     pyinotify.Notifier(manager, default_proc_fun=on_event).loop()
 
 
+def card_imports(role: str) -> list[object]:
+    """What the card and the house style load in `role` (SPLIT_CARD_IMPORTS): kept alive, never used."""
+    import dataclasses
+
+    kept: list[object] = [dataclasses]
+    if role == "plugin":
+        import prometheus_client
+
+        registry = prometheus_client.CollectorRegistry()
+        kept += [
+            prometheus_client.Counter("split_allocations", "Allocate answers", ["resource"], registry=registry),
+            prometheus_client.Histogram("split_allocate_seconds", "Allocate duration", registry=registry),
+        ]
+    return kept
+
+
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     role, args = argv[0], argv[1:]
+    card = bool(os.environ.get(CARD_IMPORTS_ENV))
+    if card and role != "plugin":
+        KEPT.extend(card_imports(role))
     if role == "plugin":
         device_dir, kubelet_dir, queue = args
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # threads inherit the mask
@@ -112,6 +137,8 @@ def main(argv: list[str]) -> int:
         threading.Thread(target=plugin.serve_queue, args=(queue,), daemon=True).start()
         plugin.first.wait(10)  # Register with the list, as colad does (it waits for discovery's first snapshot)
         plugin.serve_and_register()
+        if card:
+            KEPT.extend(card_imports(role))  # after Register, as colad loads its metrics
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
         return 0
     if role == "discovery":

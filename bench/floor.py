@@ -11,7 +11,9 @@ cold-start budget can be read against it in every run.
 And the split alone: the baseline cut into colad's three processes (bench/baseline_split.py), one
 round beside the baseline (bench/split_floor.py): its cold start, CPU per change, propagation and
 PSS against the baseline's, which is what the card's separate processes cost before colad's own
-work and supervisord. No budget uses any of it.
+work and supervisord. In the same round the split that also loads what the card and the house style
+make each role load (dataclasses everywhere, prometheus_client in the plugin after Register): its
+PSS with supervisord's is the floor under the 10-device PSS budget. No budget uses any of it.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def measure(python: str, base: Path, runs: int = RUNS, changes: int = SPLIT_CHAN
         pss.append(memory)
         imports.append(grpc_import(python))
     start, imported = statistics.median(starts), statistics.median(imports)
-    split = split_floor.one_round([Baseline(python), Split(python)], changes)
+    split = split_floor.one_round([Baseline(python), Split(python), Split(python, card=True)], changes)
     return {
         "supervisord_ms": round(start, 1),
         "supervisord_pss_mib": round(statistics.median(pss), 1),
@@ -121,4 +123,8 @@ def table(results: dict[str, Any]) -> str:
         total = both["pss_mib"] + (colad_supervisord or figures["supervisord_pss_mib"])
         label = f"  + {whose} supervisord: PSS, MiB"
         lines.append(f"  {label:<50}{total:>11.1f}{total / alone['pss_mib']:>22.2f}")
+        if card := split.get("split+card"):  # what the card and the house style load in each role, unused
+            total = card["pss_mib"] + (colad_supervisord or figures["supervisord_pss_mib"])
+            label = "  + dataclasses, prometheus_client: PSS, MiB"
+            lines.append(f"  {label:<50}{total:>11.1f}{total / alone['pss_mib']:>22.2f}")
     return "\n".join(lines)

@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--changes", type=int, default=300)
     parser.add_argument("--no-colad", action="store_true", help="the baseline and the split only")
+    parser.add_argument(
+        "--card", action="store_true", help="also the split loading what the card and the house style make colad load"
+    )
     args = parser.parse_args(argv)
     rounds = []
     venv = Path(tempfile.mkdtemp(prefix="colad-split-venv-"))
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"subjects run on {sys.executable}, {how}", file=sys.stderr)
     for r in range(args.rounds):
         plugins: list[PluginUnderTest] = [Baseline(python), Split(python)]
+        if args.card:
+            plugins.append(Split(python, card=True))
         if not args.no_colad:
             plugins.append(Colad(python))
         if r % 2:
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds.append(one_round(plugins, args.changes))
         print(f"round {r + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
     shutil.rmtree(venv, ignore_errors=True)
-    names = ["baseline", "split"] + ([] if args.no_colad else ["colad"])
+    names = ["baseline", "split"] + (["split+card"] if args.card else []) + ([] if args.no_colad else ["colad"])
     print(report(rounds, names))
     return 0
 

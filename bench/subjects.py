@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from bench.baseline_split import CARD_IMPORTS_ENV
 from tests.fakes.kubelet import FakeKubelet, ListAndWatchUpdate, Registration
 from tests.helpers import wait_until
 from tests.service import ColadService
@@ -152,9 +153,11 @@ class Colad:
             self._runtime = None
 
 
-def _spawn(python: str, args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+def _spawn(
+    python: str, args: list[str], log: IO[bytes], extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """`python -m <args>` from this checkout, in a session of its own, its output to `log`."""
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     if python != sys.executable:  # as ColadService does: this checkout on another interpreter's packages
         env["PYTHONPATH"] = str(REPO)
         env.pop("VIRTUAL_ENV", None)
@@ -218,9 +221,13 @@ class Split:
     name = "split"
     ROLES = ("plugin", "discovery", "kubelet-watch")
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, *, card: bool = False) -> None:
+        """`card`: each role also loads what the card and the house style make colad's load (baseline_split.py)."""
         self.python = python
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = {CARD_IMPORTS_ENV: "1"} if card else {}
+        if card:
+            self.name = "split+card"
 
     def start(self, root: Path) -> None:
         devices, kubelet, queue = root / "colas", root / "kubelet", root / "split-queue.sock"
@@ -234,7 +241,8 @@ class Split:
         }
         with open(root / "split.log", "ab") as log:
             for role in self.ROLES:  # all at once, as supervisord starts colad's
-                self.procs[role] = _spawn(self.python, ["bench.baseline_split", role, *map(str, args[role])], log)
+                argv = ["bench.baseline_split", role, *map(str, args[role])]
+                self.procs[role] = _spawn(self.python, argv, log, self.env)
 
     def wait_ready(self) -> None:
         for role, proc in self.procs.items():
