@@ -64,9 +64,9 @@ def footprint(pids: Iterable[int]) -> float | None:
     return round(len(frames) * PAGE / 2**20, 1)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of `pid`, in seconds."""
-    text = Path(f"/proc/{pid}/stat").read_text()
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """utime + stime of every thread of `pid` (of its thread `tid` alone, if given), in seconds."""
+    text = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()  # comm may contain spaces; fields 14, 15 (1-based)
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 

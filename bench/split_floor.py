@@ -30,16 +30,24 @@ FIGURES = (
 )
 
 
+def start_all(subjects: list[Subject]) -> dict[str, float]:
+    """Cold-start each over NAMES, one at a time (no other shares the CPUs), and let all settle; ms to Register."""
+    registered = {}
+    for s in subjects:
+        registered[s.name] = measure.cold_start(s, NAMES, "first-change")["registered_ms"]
+        measure.change(s, "first-change", create=False)
+        settle(1.0)
+    settle(2.0)
+    return registered
+
+
 def one_round(plugins: list[PluginUnderTest], changes: int) -> dict[str, dict[str, float]]:
     base = Path(tempfile.mkdtemp(prefix="colad-split-"))
     subjects = [Subject(p, base / p.name) for p in plugins]
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
     try:
-        for s in subjects:  # one at a time: a cold start shares the CPUs with no other
-            out[s.name]["registered_ms"] = measure.cold_start(s, NAMES, "first-change")["registered_ms"]
-            measure.change(s, "first-change", create=False)
-            settle(1.0)
-        settle(2.0)
+        for name, registered in start_all(subjects).items():
+            out[name]["registered_ms"] = registered
         before = measure.cpu(subjects)
         latency = measure.changes(subjects, changes, "change", 0.025)
         cpu = measure.cpu_per_operation(before, measure.cpu(subjects), changes)

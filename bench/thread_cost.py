@@ -10,7 +10,6 @@ python -m bench.thread_cost [--changes N] [--subjects split,colad,baseline]
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -18,25 +17,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import installed, measure, procstat
-from bench.subjects import Baseline, Colad, PluginUnderTest, Split, Subject, settle
+from bench import installed, measure, procstat, split_floor
+from bench.subjects import Baseline, Colad, PluginUnderTest, Split, Subject
 
-NAMES = {f"cola-{i:02d}" for i in range(10)}
 SUBJECTS: dict[str, Callable[[str], PluginUnderTest]] = {"baseline": Baseline, "split": Split, "colad": Colad}
-TICK = os.sysconf("SC_CLK_TCK")
 SHOWN_MS = 0.005  # threads below this per change are left out of the report
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """Thread id -> (comm, CPU seconds so far) for every thread of `pid`."""
     found: dict[int, tuple[str, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for tid, thread in procstat.threads(pid).items():
         try:
-            comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            found[tid] = (thread.comm, procstat.cpu_seconds(pid, tid))
         except OSError:
             continue  # the thread ended while we looked
-        found[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / TICK)  # utime + stime
     return found
 
 
@@ -71,11 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"subjects run on {sys.executable}, {how}", file=sys.stderr)
         plugins: list[PluginUnderTest] = [SUBJECTS[name](python) for name in args.subjects.split(",")]
         subjects = [Subject(p, base / p.name) for p in plugins]
-        for s in subjects:  # one at a time: a cold start shares the CPUs with no other
-            measure.cold_start(s, NAMES, "first-change")
-            measure.change(s, "first-change", create=False)
-            settle(1.0)
-        settle(2.0)
+        split_floor.start_all(subjects)
         before = {s.name: {role: thread_cpu(pid) for role, pid in s.plugin.pids().items()} for s in subjects}
         latency = measure.changes(subjects, args.changes, "change", 0.025)
         for s in subjects:
