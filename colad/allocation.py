@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import TypeVar
 
-from colad import cdi
+from colad import cdi, namemap
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
@@ -105,7 +105,7 @@ def allocate(
                     f"for container path {entry.container_path!r}"
                 )
     in_spec = [d.device_id for d in chosen if cdi_mode in CDI_NAMING and _in_spec(resource_name, d)]
-    own_cdi = {i: cdi.device_name(resource_name, i) for i in in_spec if cdi_listed is None or i in cdi_listed}
+    own_cdi = {i: namemap.cdi_device_name(resource_name, i) for i in in_spec if cdi_listed is None or i in cdi_listed}
     unlisted = tuple(i for i in in_spec if i not in own_cdi)
     classic = [d for d in chosen if cdi_mode != "only" or d.device_id not in own_cdi]
     # The classic devices' entries, identical ones once (the check above made one entry per path).
@@ -157,7 +157,7 @@ def answer(
 
 def _in_spec(resource_name: str, device: Device) -> bool:
     """Whether cdi.build puts `device` into the resource's spec, so its CDI name resolves."""
-    return cdi.kind_problem(resource_name) is None and cdi.name_problem(device.device_id) is None
+    return namemap.cdi_kind_problem(resource_name) is None and cdi.name_problem(device.device_id) is None
 
 
 def _merge(tables: Iterable[tuple[tuple[str, str], ...]]) -> dict[str, str]:

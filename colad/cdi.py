@@ -15,15 +15,15 @@ import functools
 import json
 import operator
 import os
-import re
 import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from colad import files
-from colad.device_rules import CDI_CLASS, CDI_DEVICE_NAME, CDI_VENDOR  # the one definition of CDI's names
+from colad.device_rules import CDI_DEVICE_NAME  # the one definition of CDI's names
 from colad.devices import Device, DeviceSet, SkippedName, replicas_of
+from colad.namemap import cdi_kind, cdi_kind_problem, cdi_marker_name, cdi_spec_file
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 if TYPE_CHECKING:
@@ -36,11 +36,6 @@ DEFAULT_SPEC_DIR = "/var/run/cdi"
 # version is lower than the features it uses need. So the lowest sufficient version is the
 # only one every runtime takes.
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0")
-# A variable every CDI device sets, so no device has empty containerEdits (podman 4.3 then rejects
-# the whole spec) and a container can see which CDI devices it got. COLA_DEVICES itself cannot be
-# a CDI edit: the runtime applies devices one after another, so the last one's value would win.
-MARKER_PREFIX = "COLA_DEVICE_"
-_UNESCAPED = re.compile(r"[^A-Za-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -61,24 +56,6 @@ class Spec:
         return (_dumps(self.document) + "\n").encode()
 
 
-def kind_problem(resource_name: str) -> str | None:
-    """Why `resource_name` cannot be a CDI kind vendor/class, or None."""
-    vendor, sep, cls = resource_name.partition("/")
-    if not sep:
-        return f"{resource_name!r} has no '/' (a CDI kind is vendor/class)"
-    if not CDI_VENDOR.match(vendor):
-        return f"CDI vendor {vendor!r} must start with a letter and hold only A-Z a-z 0-9 _ - ."
-    if not CDI_CLASS.match(cls):
-        # A '.' needs CDI 0.6.0 (required_version), whose specs podman 4.3 ignores: no spec rather than one in vain.
-        return f"CDI class {cls!r} must start with a letter and hold only A-Z a-z 0-9 _ -"
-    return None
-
-
-def device_name(resource_name: str, device_id: str) -> str:
-    """The fully qualified CDI name of an advertised ID, as Allocate answers it."""
-    return f"{resource_name}={device_id}"
-
-
 def name_problem(device_id: str) -> str | None:
     """Why an advertised ID cannot be a CDI device name (IDs may end in . _ -, CDI names not)."""
     if CDI_DEVICE_NAME.match(device_id):
@@ -87,9 +64,10 @@ def name_problem(device_id: str) -> str | None:
 
 
 def marker(device_id: str) -> str:
-    """COLA_DEVICE_<id>=<id>, the name escaped injectively: every byte outside A-Z a-z 0-9 as _XX."""
-    escaped = _UNESCAPED.sub(lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), device_id)
-    return f"{MARKER_PREFIX}{escaped}={device_id}"
+    """COLA_DEVICE_<escaped id>=<id>: a variable every CDI device sets, so no device has empty containerEdits
+    (podman 4.3 then rejects the whole spec) and a container can see which CDI devices it got. COLA_DEVICES
+    itself cannot be a CDI edit: the runtime applies devices one after another, so the last one's value would win."""
+    return f"{cdi_marker_name(device_id)}={device_id}"
 
 
 def edits(device: Device) -> dict[str, Any]:
@@ -208,10 +186,11 @@ _VERSION_BYTES = tuple(json.dumps(v).encode() for v in VERSIONS)
 @functools.lru_cache(maxsize=64)
 def _kind(resource_name: str) -> tuple[int, bytes] | None:
     """encode()'s parts of a resource name, made once: the version index it needs and its JSON (None: no
-    CDI kind). kind_problem(), required_version() and two json.dumps were a quarter of encode() a change."""
-    if kind_problem(resource_name) is not None:
+    CDI kind). cdi_kind_problem(), required_version() and two json.dumps were a quarter of encode() a change."""
+    if cdi_kind_problem(resource_name) is not None:
         return None
-    return VERSIONS.index(required_version({"kind": resource_name})), _dumps(resource_name).encode()
+    kind = cdi_kind(resource_name)
+    return VERSIONS.index(required_version({"kind": kind})), _dumps(kind).encode()
 
 
 def required_version(document: dict[str, Any]) -> str:
@@ -239,20 +218,15 @@ def build(resource_name: str, devices: DeviceSet) -> Spec | None:
     resource name is not a CDI kind, or no ID is a CDI name (a spec without devices is
     invalid from CDI 0.6 on): the caller removes the file then.
     """
-    if kind_problem(resource_name) is not None:
+    if cdi_kind_problem(resource_name) is not None:
         return None
     found = [_entry(device) for device in devices]
     entries = [e for e in found if not isinstance(e, SkippedName)]
     if not entries:
         return None
-    document: dict[str, Any] = {"cdiVersion": "", "kind": resource_name, "devices": entries}
+    document: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(resource_name), "devices": entries}
     document["cdiVersion"] = required_version(document)
     return Spec(resource_name, document, tuple(e for e in found if isinstance(e, SkippedName)))
-
-
-def file_name(resource_name: str) -> str:
-    """The spec's file name: colad-<vendor>-<class>.json (upstream GenerateSpecName, prefixed by its writer)."""
-    return "colad-" + resource_name.replace("/", "-") + ".json"
 
 
 class SpecWriter:
@@ -264,7 +238,7 @@ class SpecWriter:
         self.spec_dir = spec_dir
 
     def path(self, resource_name: str) -> str:
-        return os.path.join(self.spec_dir, file_name(resource_name))
+        return os.path.join(self.spec_dir, cdi_spec_file(resource_name))
 
     def write(self, resource_name: str, spec: Spec | None) -> bool:
         """Write `spec` (remove the file when None); True if the directory changed. Raises OSError."""
@@ -352,7 +326,7 @@ class SpecReader:
             return Listed(reason="missing", problem="no cdi_spec_dir is configured")
         path = self._paths.get((spec_dir, resource_name))
         if path is None:
-            path = self._paths[(spec_dir, resource_name)] = os.path.join(spec_dir, file_name(resource_name))
+            path = self._paths[(spec_dir, resource_name)] = os.path.join(spec_dir, cdi_spec_file(resource_name))
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -368,7 +342,7 @@ class SpecReader:
             with open(path, "rb", opener=_nonblocking) as f:  # the key of what was read, not of the stat before
                 st = os.fstat(f.fileno())
                 data = f.read(MAX_SPEC_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
-                listed = parse_listed(data, resource_name)
+                listed = parse_listed(data, cdi_kind(resource_name))
         except OSError as exc:
             return Listed(reason="unreadable", problem=f"{path}: {exc.strerror or exc}")
         self.reads += 1

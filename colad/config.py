@@ -41,6 +41,7 @@ from colad.config_checks import (
 from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.config_input import convert, read_file
 from colad.errors import ConfigError
+from colad.namemap import collisions
 from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
@@ -313,6 +314,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
     problems.extend(directory_problems(cfg, labels, sources, source, failed))
     problems.extend(resource_name_problems(cfg, sources, failed))
+    problems.extend(f"names: {clash}" for clash in collisions(cfg, failed))
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
         if len(problems) > len(shown):

@@ -363,7 +363,7 @@ def resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[
     if failed & {"resource_name", "cdi", "nfd_label_prefix"} or not (cfg.cdi == "only" or cfg.nfd_features_file):
         return problems
     # Imported only for the settings that need them: the default config loads no device model.
-    from colad.cdi import kind_problem as cdi_kind_problem
+    from colad.namemap import cdi_kind_problem
     from colad.nfd import label_problem
 
     for resource in cfg.resources:

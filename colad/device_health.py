@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyinotify
 
-from colad import cdi, devices, hostpaths, log, nfd, watch
+from colad import cdi, devices, hostpaths, log, namemap, nfd, watch
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.devices import Device
@@ -69,7 +69,7 @@ class DeviceHealth:
         self.probes_changed = False
 
     def key(self, device_id: str) -> str:
-        return cdi.device_name(self.resource.name, device_id)
+        return namemap.cdi_device_name(self.resource.name, device_id)
 
     def probe_of(self, raw: Device) -> Probe | None:
         own = getattr(raw, "probe", None)  # the device file's override: None = the resource's, () = none
@@ -310,11 +310,28 @@ class HealthOutputs:
         if self.spec_writer is None:
             return
         before = {d.device_id: d for d in gone}
+        self._note_unnamed(rw, [d.device_id for d in came if d.device_id not in before])
         if any(d.device_id not in before or not cdi.same_entry(d, before[d.device_id]) for d in came):
             self.specs_dirty.discard(rw.resource.name)
             self._write_spec(rw)
         elif removed:
             self.specs_dirty.add(rw.resource.name)
+
+    def _note_unnamed(self, rw: ResourceWatch, added: list[str]) -> None:
+        """One line and one count for each new ID the spec cannot carry. Its CDI name is the ID itself
+        (namemap.cdi_device_name: never rewritten, so two IDs never share one); an ID that is no CDI name
+        gets none rather than a rewritten one, which could be another file's ID."""
+        if rw.resource.replicas > 1 or namemap.cdi_kind_problem(rw.resource.name) is not None:
+            return  # a replica ID "<id>::<n>" ends in a digit; a resource that is no CDI kind has no spec
+        for device_id in added:
+            if (problem := cdi.name_problem(device_id)) is not None:
+                LOG.warning(
+                    "device left out of the CDI spec: Allocate gives it the classic answer",
+                    resource=rw.resource.name,
+                    device=device_id,
+                    reason=problem,
+                )
+                self.stats.count("input.no_cdi_name")
 
     def _remove_spec(self, name: str) -> None:
         if self.spec_writer is not None:

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from colad import files
 from colad.devices import DeviceSet, base_id
+from colad.namemap import NFD_LABEL_SUFFIXES, nfd_label_base
 
 DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/colad"
 MAX_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
 # k8s.io/apimachinery IsQualifiedName: the name part of a label key, and a label value.
 _LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
-SUFFIXES = ("present", "devices", "healthy")
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,11 @@ class Counts:
         return Counts(len(health), sum(health.values()))
 
 
-def label_base(resource_name: str, prefix: str = "") -> str:
-    """`myway5.com/cola` -> `myway5.com-cola` (NFD adds its own prefix), or `<prefix>/cola`."""
-    domain, _, name = resource_name.partition("/")
-    return f"{prefix}/{name}" if prefix else f"{domain}-{name}"
-
-
 def label_problem(resource_name: str, prefix: str = "") -> str | None:
     """Why a resource's labels would not be valid Kubernetes label keys, or None."""
     if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
         return f"NFD label prefix {prefix!r} is not a lower-case DNS subdomain"
-    name = label_base(resource_name, prefix).rpartition("/")[2] + "." + max(SUFFIXES, key=len)
+    name = nfd_label_base(resource_name, prefix).rpartition("/")[2] + "." + max(NFD_LABEL_SUFFIXES, key=len)
     if len(name) > 63 or not _LABEL_NAME.match(name):
         return f"NFD label name {name!r} is not 1-63 characters of A-Z a-z 0-9 - _ ."
     return None
@@ -68,7 +62,7 @@ def render(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = ""
     for resource_name, devices in sorted(resources, key=lambda r: r[0]):
         if label_problem(resource_name, prefix) is not None:
             continue
-        base = label_base(resource_name, prefix)
+        base = nfd_label_base(resource_name, prefix)
         counts = devices if isinstance(devices, Counts) else Counts.of(devices)
         lines += [
             f"{base}.present={'true' if counts.devices else 'false'}",

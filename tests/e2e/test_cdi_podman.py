@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi
+from colad import cdi, namemap
 from colad.devicefile import parse
 from colad.devices import DeviceSet, replicate
 from tests import image
@@ -63,7 +63,7 @@ def _run(root: Path, spec_dir: Path, device_id: str, script: str) -> subprocess.
     work.mkdir()
     podman = [
         "podman", "run", "--rm", "--name", name, "--pull=never", "--network=none",
-        "--device", cdi.device_name(RESOURCE, device_id), image.BASE_IMAGE, "sh", "-c", script,
+        "--device", namemap.cdi_device_name(RESOURCE, device_id), image.BASE_IMAGE, "sh", "-c", script,
     ]  # fmt: skip
     namespace = " && ".join(
         [

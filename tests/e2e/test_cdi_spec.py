@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, nfd
+from colad import cdi, namemap, nfd
 from tests.e2e.test_cdi_podman import RESOURCE, SEE, _machine_state, _run, _seen, needs_podman
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
@@ -52,7 +52,7 @@ def test_discovery_writes_the_spec_podman_uses_and_removes_it_on_stop(short_tmp:
 
 def _scenario(root: Path, colad: ColadService, kubelet: FakeKubelet) -> None:
     spec_dir, host = root / "cdi", root / "host"
-    spec_path = spec_dir / cdi.file_name(RESOURCE)
+    spec_path = spec_dir / namemap.cdi_spec_file(RESOURCE)
     for d in (host / "dev", host / "share"):
         d.mkdir(parents=True)
     os.mknod(host / "dev" / "cola0", 0o666 | 0o020000, os.makedev(1, 3))  # /dev/null's numbers: harmless

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi
+from colad import namemap
 from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
@@ -46,7 +46,7 @@ def test_cdi_names_only_for_devices_the_written_spec_lists(
     short_tmp: Path, service: ColadService, kubelet: FakeKubelet
 ) -> None:
     share, spec_dir = short_tmp / "share", short_tmp / "cdi"
-    spec_path = spec_dir / cdi.file_name(RESOURCE)
+    spec_path = spec_dir / namemap.cdi_spec_file(RESOURCE)
     share.mkdir()
     (service.device_dir / "cola0").write_text(device_file(share, "fast"))
     service.start()

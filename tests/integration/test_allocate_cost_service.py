@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from colad import allocation, cdi, log
+from colad import allocation, cdi, log, namemap
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
@@ -50,7 +50,7 @@ class Served:
         spec_dir = tmp_path / "cdi"
         spec_dir.mkdir()
         listed = DeviceSet.of([d for d in DEVICES if d.device_id != "b"])  # b: not in the spec on disk
-        (spec_dir / cdi.file_name(COLA)).write_bytes(cdi.encode(COLA, listed) or b"")
+        (spec_dir / namemap.cdi_spec_file(COLA)).write_bytes(cdi.encode(COLA, listed) or b"")
         self.broadcast = DeviceBroadcast()
         self.broadcast.update(DEVICES)
         self.metrics = Metrics(snapshot=lambda: PluginState(pid=1))

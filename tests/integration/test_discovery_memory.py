@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, device_health, devicedir
+from colad import cdi, device_health, devicedir, namemap
 from colad.config import Config
 from colad.constants import UNHEALTHY
 from colad.discovery import Discovery
@@ -66,7 +66,7 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
             raw = rw.cache[device.device_id].device
             assert raw is device or device.device_id == "node0", device.device_id
         assert rw.racy == {} and sys.getsizeof(rw.racy) == sys.getsizeof({})
-        spec = Path(cfg.cdi_spec_dir, cdi.file_name(rw.resource.name))
+        spec = Path(cfg.cdi_spec_dir, namemap.cdi_spec_file(rw.resource.name))
         assert spec.read_bytes() == cdi.encode(rw.resource.name, rw.current)
     finally:
         discovery.runner.close()

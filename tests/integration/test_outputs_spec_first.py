@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from colad import cdi
+from colad import cdi, namemap
 from colad.config import Config
 from colad.devices import Device
 from colad.discovery import Discovery
@@ -45,7 +45,7 @@ class SpecAtArrival:
         if not isinstance(message, DeviceSnapshot):
             return
         listed = self.reader.read(self.cfg.cdi_spec_dir, RESOURCE)
-        path = os.path.join(self.cfg.cdi_spec_dir, cdi.file_name(RESOURCE))
+        path = os.path.join(self.cfg.cdi_spec_dir, namemap.cdi_spec_file(RESOURCE))
         try:
             entries = {d["name"]: d for d in json.loads(Path(path).read_bytes())["devices"]}
         except FileNotFoundError:
@@ -127,7 +127,7 @@ def test_a_change_of_health_alone_leaves_the_spec_file_alone(
     begin(discovery)
     runner.start()
     wait_until(lambda: len(spy.latest()) == 5, 10, "the first snapshot")
-    path = Path(cfg.cdi_spec_dir, cdi.file_name(RESOURCE))
+    path = Path(cfg.cdi_spec_dir, namemap.cdi_spec_file(RESOURCE))
     wait_until(path.exists, 10, "the spec")
     before = path.stat()
     (d / "dev-3").write_text('health = "Unhealthy"\n')

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyinotify
 import pytest
 
-from colad import nfd, watch
+from colad import namemap, nfd, watch
 from colad.discovery import Discovery
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, Serve, begin, make_config
@@ -51,7 +51,7 @@ class Hammer:
                 continue
             self.reads += 1
             labels = nfd.parse(data)
-            if not data.endswith(b"\n") or set(labels) != {f"{BASE}.{s}" for s in nfd.SUFFIXES}:
+            if not data.endswith(b"\n") or set(labels) != {f"{BASE}.{s}" for s in namemap.NFD_LABEL_SUFFIXES}:
                 self.broken.append(data)
 
 

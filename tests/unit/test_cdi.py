@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from colad import cdi
+from colad import cdi, namemap
 from colad.devicefile import parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, device_problem, replicate
 
@@ -195,7 +195,7 @@ def test_replicas_are_devices_with_the_physical_edits(validator: Any) -> None:
     assert sorted(by_name) == [f"cola{n}::{r}" for n in (1, 2) for r in range(3)]
     assert by_name["cola1::2"]["deviceNodes"] == by_name["cola1::0"]["deviceNodes"]
     assert by_name["cola1::2"]["env"][0] == "COLA_DEVICE_cola1_3A_3A2=cola1::2"
-    assert cdi.device_name(RESOURCE, "cola1::2") == "myway5.com/cola=cola1::2"
+    assert namemap.cdi_device_name(RESOURCE, "cola1::2") == "myway5.com/cola=cola1::2"
 
 
 def test_unhealthy_and_malformed_devices_stay_resolvable(validator: Any) -> None:
@@ -233,7 +233,7 @@ def test_ids_that_are_not_cdi_names_are_skipped_with_a_reason(validator: Any, de
     ],
 )
 def test_kind_problem(resource: str, problem: bool) -> None:
-    assert (cdi.kind_problem(resource) is not None) is problem
+    assert (namemap.cdi_kind_problem(resource) is not None) is problem
     assert (cdi.build(resource, DeviceSet.of([Device("a")])) is None) is problem
 
 
@@ -371,7 +371,7 @@ def test_reader_reads_a_file_again_only_when_it_changed(tmp_path: Path) -> None:
 
 
 def write_spec(tmp_path: Path, data: bytes | str) -> None:
-    (tmp_path / cdi.file_name(RESOURCE)).write_bytes(data.encode() if isinstance(data, str) else data)
+    (tmp_path / namemap.cdi_spec_file(RESOURCE)).write_bytes(data.encode() if isinstance(data, str) else data)
 
 
 @pytest.mark.parametrize(
@@ -405,7 +405,7 @@ def test_reader_device_absent_and_odd_entries(tmp_path: Path) -> None:
 
 def test_reader_of_no_directory_a_directory_in_the_way_and_an_unreadable_dir(tmp_path: Path) -> None:
     assert cdi.SpecReader().read("", RESOURCE).reason == "missing"
-    (tmp_path / cdi.file_name(RESOURCE)).mkdir()
+    (tmp_path / namemap.cdi_spec_file(RESOURCE)).mkdir()
     assert cdi.SpecReader().read(str(tmp_path), RESOURCE).reason == "invalid"
     assert cdi.SpecReader().read(str(tmp_path / "nowhere\x00"), RESOURCE).reason == "unreadable"
 

@@ -14,7 +14,7 @@ import string
 
 import pytest
 
-from colad import cdi, device_rules
+from colad import cdi, device_rules, namemap
 from colad.allocation import allocate
 
 pytestmark = pytest.mark.unit
@@ -85,7 +85,7 @@ def test_the_table(name: str, valid: bool) -> None:
     assert (device_rules.cdi_name_problem(name) is None) is valid
     kind, sep, device = name.partition("=")
     if sep:  # the writer's halves of the same rule
-        assert (cdi.kind_problem(kind) is None and cdi.name_problem(device) is None) is valid
+        assert (namemap.cdi_kind_problem(kind) is None and cdi.name_problem(device) is None) is valid
 
 
 def test_random_names_agree_with_upstream() -> None:
@@ -96,7 +96,7 @@ def test_random_names_agree_with_upstream() -> None:
         assert (device_rules.cdi_name_problem(name) is None) is upstream(name), name
         kind, sep, device = name.partition("=")
         if sep:
-            writer = cdi.kind_problem(kind) is None and cdi.name_problem(device) is None
+            writer = namemap.cdi_kind_problem(kind) is None and cdi.name_problem(device) is None
             assert writer is upstream(name), name
 
 

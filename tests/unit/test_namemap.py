@@ -1,0 +1,270 @@
+"""Every name colad derives from a resource name or a device ID is one-to-one, or the config is refused.
+
+A table with a clash for each lossy mapping (config.load -> one line naming both names and the thing),
+a seeded property over random pairs of valid names checked against the real writers (cdi.SpecWriter,
+nfd.render/parse), the device-ID mappings over random IDs, and a scan of the package that fails
+when a function deriving a name from a resource name or a device ID is not in namemap's table.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import random
+import string
+from pathlib import Path
+
+import pytest
+
+from colad import cdi, devices, namemap, nfd
+from colad.config import Config, load
+from colad.errors import ConfigError
+from colad.names import resource_name_problem
+
+pytestmark = pytest.mark.unit
+
+COLAD = Path(namemap.__file__).parent
+LONG_DOMAIN = ".".join(c * 60 for c in "abc") + "." + "d" * 50 + ".com"  # 237 characters
+assert resource_name_problem(LONG_DOMAIN + "/x") is None
+
+
+def write_config(root: Path, names: list[str], head: str = "") -> dict[str, str]:
+    """A config file of `names` as [[resources]] (one name: the top-level keys), its env for load()."""
+    text = head.format(root=root)
+    if len(names) == 1:
+        text += f'resource_name = "{names[0]}"\ndevice_dir = "{root}/d0"\n'
+    else:
+        text += "".join(f'[[resources]]\nname = "{n}"\ndevice_dir = "{root}/d{i}"\n' for i, n in enumerate(names))
+    path = root / "colad.toml"
+    path.write_text(f'run_dir = "{root}/run"\nkubelet_dir = "{root}/k"\ncdi_spec_dir = "{root}/cdi"\n' + text)
+    return {"COLAD_CONFIG": str(path)}
+
+
+def refusal(root: Path, names: list[str], head: str = "") -> str | None:
+    """The one line load() refuses the config with, or None when it loads."""
+    try:
+        load({}, write_config(root, names, head))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+NFD = 'nfd_features_file = "{root}/features"\n'
+NFD_PREFIX = NFD + 'nfd_label_prefix = "example.com"\n'
+# (names, config head, the thing they meet on, the value shown)
+CLASHES = [
+    pytest.param(["a.com/x-y", "a.com-x/y"], "", "CDI spec file", "colad-a.com-x-y.json", id="spec-file-slash-dash"),
+    pytest.param(
+        ["ex.com/a-b-c", "ex.com-a-b/c"], 'cdi = "only"\n', "CDI spec file", "colad-ex.com-a-b-c.json", id="spec-only"
+    ),
+    pytest.param(
+        ["a.com/x-y", "a.com-x/y"],
+        'cdi = "off"\n' + NFD,
+        "NFD label",
+        "feature.node.kubernetes.io/a.com-x-y.present",
+        id="nfd-label-slash-dash",
+    ),
+    pytest.param(
+        ["a.com/gpu", "b.com/gpu"], NFD_PREFIX, "NFD label", "example.com/gpu.present", id="nfd-prefix-drops-domain"
+    ),
+    pytest.param(
+        ["a.com/x"],
+        'nfd_features_file = "{root}/cdi/colad-a.com-x.json"\n',
+        "CDI spec file",
+        "colad-a.com-x.json",
+        id="spec-file-is-the-nfd-file",
+    ),
+    pytest.param([LONG_DOMAIN + "/x"], "", "CDI spec file", "over the 242", id="spec-file-name-too-long"),
+]
+
+
+@pytest.mark.parametrize(("names", "head", "thing", "shown"), CLASHES)
+def test_a_clash_is_refused_in_one_line_naming_both_and_the_thing(
+    tmp_path: Path, names: list[str], head: str, thing: str, shown: str
+) -> None:
+    line = refusal(tmp_path, names, head)
+    assert line is not None and "\n" not in line
+    assert "names: " in line and thing in line and shown in line, line
+    for name in names:
+        assert repr(name) in line, line
+    if len(names) == 1 and "nfd_features_file" in head:
+        assert "nfd_features_file and resource" in line
+
+
+@pytest.mark.parametrize(
+    ("names", "head"),
+    [
+        pytest.param(["a.com/x-y", "a.com-x/y"], 'cdi = "off"\n', id="no-spec-no-nfd"),
+        pytest.param(["a.com/gpu", "b.com/gpu"], NFD, id="nfd-without-prefix-keeps-the-domain"),
+        pytest.param(["a.com/gpu", "b.com/gpu"], 'nfd_label_prefix = "example.com"\n', id="prefix-without-nfd-file"),
+        pytest.param(["a.com/x", "a.com/X"], NFD, id="case-differs"),
+        pytest.param(["a.com/x.y", "a.com-x/y"], "", id="a-class-with-a-dot-has-no-spec"),
+        pytest.param([LONG_DOMAIN + "/x"], 'cdi = "off"\n', id="long-name-without-spec"),
+    ],
+)
+def test_names_that_meet_on_nothing_in_use_load(tmp_path: Path, names: list[str], head: str) -> None:
+    assert refusal(tmp_path, names, head) is None
+
+
+def test_every_lossy_mapping_has_a_clash_in_the_table_and_the_kind_is_the_name() -> None:
+    things = {p.values[2] for p in CLASHES}
+    assert {m.thing for m in namemap.MAPPINGS} - things == {"CDI kind"}
+    rng = random.Random(5)
+    for _ in range(500):
+        name = random_name(rng)
+        assert namemap.cdi_kind(name) == name  # the identity: one-to-one
+
+
+def test_a_reload_of_a_clash_is_refused_by_the_same_check(tmp_path: Path) -> None:
+    """config.load is what every role and `colad reload` call: a refused file never reaches a running role."""
+    env = write_config(tmp_path, ["a.com/gpu", "b.com/gpu"], NFD_PREFIX)
+    with pytest.raises(ConfigError, match="names: resource 'a.com/gpu' and resource 'b.com/gpu'"):
+        load({}, env)
+
+
+# --- the property: refused exactly when the real writers would send two names to one thing ----------
+
+DNS = string.ascii_lowercase[:3] + "0-"
+SHORT = string.ascii_letters[:2] + "AB" + "0_.-"
+
+
+def _word(rng: random.Random, alphabet: str, n: int) -> str:
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(1, n)))
+
+
+def random_name(rng: random.Random) -> str:
+    """A valid extended-resource name over small alphabets, so that clashes are frequent."""
+    while True:
+        name = f"{_word(rng, DNS + '.', 8)}/{_word(rng, SHORT, 8)}"
+        if resource_name_problem(name) is None:
+            return name
+
+
+def partner(rng: random.Random, name: str) -> str:
+    """Another valid name, often one built to meet `name`: '/' moved to a '-', or the domain changed."""
+    domain, _, short = name.partition("/")
+    joined = f"{domain}-{short}"
+    for _ in range(20):
+        how = rng.randrange(4)
+        if how == 0:
+            cut = rng.choice([i for i, c in enumerate(joined) if c == "-"])
+            other = joined[:cut] + "/" + joined[cut + 1 :]
+        elif how == 1:
+            other = f"{_word(rng, DNS + '.', 6)}/{short}"
+        elif how == 2:
+            other = f"{domain}/{short.swapcase()}"
+        else:
+            other = random_name(rng)
+        if other != name and resource_name_problem(other) is None:
+            return other
+    return random_name(rng)
+
+
+def real_clash(cfg: Config, a: str, b: str, tmp: Path) -> bool:
+    """Whether the writers colad runs would send `a` and `b` (or one of them and a fixed file) to one thing."""
+    if cfg.cdi != "off" and namemap.cdi_kind_problem(a) is None and namemap.cdi_kind_problem(b) is None:
+        writer = cdi.SpecWriter(cfg.cdi_spec_dir)
+        if writer.path(a) == writer.path(b):
+            return True
+    if cfg.nfd_features_file:
+        empty = devices.DeviceSet.of([])
+        labels = nfd.parse(nfd.render([(a, empty), (b, empty)], cfg.nfd_label_prefix))
+        if len(labels) < 2 * len(namemap.NFD_LABEL_SUFFIXES):
+            return True
+    return False
+
+
+def test_random_pairs_load_or_are_refused_exactly_when_the_writers_would_clash(tmp_path: Path) -> None:
+    seed = random.randrange(1 << 32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    heads = ["", 'cdi = "off"\n', 'cdi = "off"\n' + NFD, NFD, NFD_PREFIX, 'cdi = "only"\n' + NFD_PREFIX]
+    refused = accepted = 0
+    for _ in range(1000):
+        a = random_name(rng)
+        b = partner(rng, a)
+        head = rng.choice(heads)
+        line = refusal(tmp_path, [a, b], head)
+        if line is not None and "names: " not in line:
+            continue  # refused for another reason (a name that is no CDI kind under "only", a label too long)
+        cfg = Config(
+            cdi="off" if "off" in head else "only" if "only" in head else "both",
+            cdi_spec_dir=str(tmp_path / "cdi"),
+            nfd_features_file=str(tmp_path / "features") if "features" in head else "",
+            nfd_label_prefix="example.com" if "prefix" in head else "",
+        )
+        clash = real_clash(cfg, a, b, tmp_path)
+        assert (line is not None) is clash, (seed, a, b, head, line)
+        refused += clash
+        accepted += not clash
+    assert refused > 25 and accepted > 500, (refused, accepted)
+
+
+# --- device IDs ------------------------------------------------------------------------------------
+
+ID_ALPHABET = string.ascii_letters[:3] + "AB" + "01._-"
+
+
+def random_id(rng: random.Random) -> str:
+    while True:
+        device_id = _word(rng, ID_ALPHABET, 6)
+        if devices.id_problem(device_id) is None:
+            return device_id if rng.random() < 0.7 else devices.replica_id(device_id, rng.randrange(3))
+
+
+def test_device_id_mappings_are_one_to_one_over_ids_and_replica_ids() -> None:
+    rng = random.Random(11)
+    ids = {random_id(rng) for _ in range(6000)}
+    resources = ["a.com/x-y", "a.com-x/y", "a.com/X"]
+    assert len({namemap.cdi_marker_name(i) for i in ids}) == len(ids)
+    names = {namemap.cdi_device_name(r, i) for r in resources for i in ids}
+    assert len(names) == len(ids) * len(resources)  # the '=' splits a pair one way only
+    physical = {i for i in ids if "::" not in i}
+    replicas = {devices.replica_id(i, n): (i, n) for i in physical for n in range(3)}
+    assert len(replicas) == 3 * len(physical) and not set(replicas) & physical  # never a file's ID
+    assert all(devices.base_id(r) == i for r, (i, _) in replicas.items())
+    assert set(namemap.DEVICE_ID_MAPPINGS) == {namemap.cdi_device_name, namemap.cdi_marker_name}
+
+
+# --- the table covers every function that derives a name ------------------------------------------
+
+# Outside namemap: functions that take a resource name or a device ID and give a name, and why each
+# needs no entry of its own.
+ELSEWHERE = {
+    ("cdi.py", "path"): "joins cdi_spec_dir and namemap.cdi_spec_file",
+    ("cdi.py", "marker"): "namemap.cdi_marker_name plus '=' and the ID",
+    ("device_health.py", "key"): "namemap.cdi_device_name",
+    ("devices.py", "base_id"): "the inverse of replica_id",
+    ("devices.py", "replica_id"): "one-to-one: an ID never holds ':' (test_device_id_mappings_are_one_to_one...)",
+    ("messages.py", "snapshot_key"): "a constant prefix and the name: one-to-one",
+}
+NAME_ARGS = {"resource_name", "resource", "device_id"}
+NAME_RETURNS = {"str", "bytes", "tuple[str, ...]"}
+
+
+def _deriving(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.returns is not None:
+            args = {a.arg for a in node.args.args + node.args.kwonlyargs}
+            if args & NAME_ARGS and ast.unparse(node.returns) in NAME_RETURNS:
+                found.append(node.name)
+    return found
+
+
+def test_every_function_deriving_a_name_is_in_the_table_or_accounted_for() -> None:
+    outside = {
+        (path.name, name)
+        for path in sorted(COLAD.glob("*.py"))
+        if path.name != "namemap.py"
+        for name in _deriving(ast.parse(path.read_text()))
+    }
+    assert outside == set(ELSEWHERE), "a new derived name: give it a function and a Mapping in colad/namemap.py"
+    inside = {
+        name
+        for name, fn in inspect.getmembers(namemap, inspect.isfunction)
+        if fn.__module__ == namemap.__name__ and not name.startswith("_") and name != "collisions"
+    }
+    tabled = {fn.__name__ for m in namemap.MAPPINGS for fn in m.functions}
+    tabled |= {fn.__name__ for fn in namemap.DEVICE_ID_MAPPINGS}
+    assert inside == tabled
