@@ -19,8 +19,8 @@ import pytest
 from colad import namemap
 from colad.config import Config
 from colad.discovery import Discovery
-from colad.messages import DeviceSnapshot, Message
-from colad.queue import Peer, QueueServer
+from colad.messages import DeviceSnapshot
+from colad.queue import QueueServer
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, begin, make_config
 
