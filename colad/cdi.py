@@ -226,7 +226,7 @@ def build(resource_name: str, devices: DeviceSet) -> Spec | None:
         return None
     document: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(resource_name), "devices": entries}
     document["cdiVersion"] = required_version(document)
-    return Spec(resource_name, document, tuple(e for e in found if isinstance(e, SkippedName)))
+    return Spec(document["kind"], document, tuple(e for e in found if isinstance(e, SkippedName)))
 
 
 class SpecWriter:

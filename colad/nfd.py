@@ -64,11 +64,8 @@ def render(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = ""
             continue
         base = nfd_label_base(resource_name, prefix)
         counts = devices if isinstance(devices, Counts) else Counts.of(devices)
-        lines += [
-            f"{base}.present={'true' if counts.devices else 'false'}",
-            f"{base}.devices={counts.devices}",
-            f"{base}.healthy={counts.healthy}",
-        ]
+        values = ("true" if counts.devices else "false", counts.devices, counts.healthy)
+        lines += [f"{base}.{suffix}={value}" for suffix, value in zip(NFD_LABEL_SUFFIXES, values, strict=True)]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -115,6 +115,16 @@ def test_every_lossy_mapping_has_a_clash_in_the_table_and_the_kind_is_the_name()
         assert namemap.cdi_kind(name) == name  # the identity: one-to-one
 
 
+@pytest.mark.parametrize("prefix", ["", "example.com"])
+def test_the_label_keys_are_those_nfd_publishes_from_the_feature_file(prefix: str) -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        name = random_name(rng)
+        published = nfd.parse(nfd.render([(name, devices.DeviceSet.of([]))], prefix))
+        full = {k if "/" in k else f"{namemap.NFD_DEFAULT_PREFIX}/{k}" for k in published}
+        assert full == set(namemap.nfd_label_keys(name, prefix)), name
+
+
 def test_a_reload_of_a_clash_is_refused_by_the_same_check(tmp_path: Path) -> None:
     """config.load is what every role and `colad reload` call: a refused file never reaches a running role."""
     env = write_config(tmp_path, ["a.com/gpu", "b.com/gpu"], NFD_PREFIX)
