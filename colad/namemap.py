@@ -156,6 +156,9 @@ FIXED_PATHS: tuple[tuple[str, Callable[[Config], str]], ...] = (
     ("the queue socket", lambda cfg: cfg.queue_socket),
     ("supervisord's socket", lambda cfg: cfg.supervisor_socket),
 )
+# How values of a space are compared. A spec directory may fold case (ext4 casefold, vfat, a
+# container runtime's on another file system): "a.com/GPU" and "a.com/gpu" would be one spec file there.
+_SAME: dict[str, Callable[[str], str]] = {"path": str.casefold}
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their
 # replica IDs; tests/unit/test_namemap.py proves it). IDs come from files at run time, so they are
 # checked by construction, not at load.
@@ -166,12 +169,13 @@ def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
     """Problem texts for every two owners (configured resources, or a fixed file) that one mapping, or
     two of one space, would send to the same value, and for every derived value that cannot be used.
     `refused`: config keys whose value was refused (mappings that read them are left out)."""
-    owners: dict[tuple[str, str], str] = {}  # (space, value) -> who has it, in words
+    owners: dict[tuple[str, str], tuple[str, str]] = {}  # (space, value compared) -> (who, value), in words
     problems: list[str] = []
     if "nfd_features_file" not in refused and "run_dir" not in refused:
         for who, path_of in FIXED_PATHS:
             if path := path_of(cfg):
-                owners.setdefault(("path", os.path.normpath(path)), who)
+                path = os.path.normpath(path)
+                owners.setdefault(("path", _SAME["path"](path)), (who, path))
     for mapping in MAPPINGS:
         if set(mapping.keys) & set(refused) or not mapping.applies(cfg):
             continue
@@ -181,8 +185,9 @@ def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
                 if mapping.problem is not None and (why := mapping.problem(value)) is not None:
                     problems.append(f"{who}: its {mapping.thing} {value!r} {why}")
                     continue
-                held = owners.setdefault((mapping.space, value), who)
+                held, seen = owners.setdefault((mapping.space, _SAME.get(mapping.space, str)(value)), (who, value))
                 if held != who:
-                    problems.append(f"{held} and {who} both map to the {mapping.thing} {value!r}")
+                    folded = "" if seen == value else f" ({seen!r} where case is folded)"
+                    problems.append(f"{held} and {who} both map to the {mapping.thing} {value!r}{folded}")
                     break  # one line per pair and mapping
     return problems
