@@ -13,8 +13,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from colad import constants
 from colad.device_rules import CDI_CLASS, CDI_VENDOR
+from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 if TYPE_CHECKING:
@@ -29,9 +29,6 @@ NFD_LABEL_SUFFIXES: Final = ("present", "devices", "healthy")
 CDI_MARKER_PREFIX: Final = "COLA_DEVICE_"
 CDI_SPEC_PREFIX: Final = "colad-"
 CDI_SPEC_SUFFIX: Final = ".json"
-# files.replace writes ".<name>.<pid>.tmp" beside the file: the name must leave room for that in NAME_MAX.
-NAME_MAX_BYTES: Final = 255
-MAX_WRITTEN_NAME_BYTES: Final = NAME_MAX_BYTES - len("..") - constants.PID_MAX_DIGITS - len(".tmp")
 _UNESCAPED = re.compile(r"[^A-Za-z0-9]")
 
 
@@ -111,11 +108,9 @@ def _spec_path(cfg: Config, resource_name: str) -> tuple[str, ...]:
 
 def _spec_name_problem(path: str) -> str | None:
     size = len(os.fsencode(os.path.basename(path)))
-    if size <= MAX_WRITTEN_NAME_BYTES:
+    if size <= MAX_NAME_BYTES:
         return None
-    return (
-        f"is a file name of {size} bytes, over the {MAX_WRITTEN_NAME_BYTES} colad can write (NAME_MAX {NAME_MAX_BYTES})"
-    )
+    return f"is a file name of {size} bytes, over the {MAX_NAME_BYTES} colad can write (NAME_MAX {NAME_MAX_BYTES})"
 
 
 def _cdi_on(cfg: Config) -> bool:

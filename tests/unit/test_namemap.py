@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, devices, namemap, nfd
+from colad import cdi, devices, files, namemap, nfd
 from colad.config import Config, load
 from colad.errors import ConfigError
 from colad.names import resource_name_problem
@@ -90,6 +90,13 @@ def test_a_clash_is_refused_in_one_line_naming_both_and_the_thing(
         assert repr(name) in line, line
     if len(names) == 1 and "nfd_features_file" in head:
         assert "nfd_features_file and resource" in line
+
+
+def test_the_longest_spec_file_name_allowed_is_written(tmp_path: Path) -> None:
+    assert len(files.temporary_name("x" * files.MAX_NAME_BYTES, 4_194_304)) == files.NAME_MAX_BYTES
+    name = "colad-" + "x" * (files.MAX_NAME_BYTES - len("colad-.json")) + ".json"
+    files.replace(str(tmp_path / name), b"{}", 0o644, 0o755)
+    assert (tmp_path / name).read_bytes() == b"{}" and len(name) == files.MAX_NAME_BYTES
 
 
 @pytest.mark.parametrize(
