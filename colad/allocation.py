@@ -171,8 +171,15 @@ def _merge(tables: Iterable[tuple[tuple[str, str], ...]]) -> dict[str, str]:
 def _natural_key(device_id: str) -> tuple[object, ...]:
     # "cola2" before "cola10": operators number devices and expect that order.
     # Ties ("cola1" and "cola01") are broken by the plain ID, so the order never depends on set order.
+    # A run of digits compares as a number by (length, digits) once its leading zeros are gone: int()
+    # would refuse a run past Python's 4300-digit limit, and an ID here is not bounded yet.
     parts = re.split(r"([0-9]+)", device_id)
-    return (tuple((1, int(p), "") if p.isdigit() and p.isascii() else (0, 0, p) for p in parts), device_id)
+    return (tuple(_number_key(p) if p.isdigit() and p.isascii() else (0, 0, p) for p in parts), device_id)
+
+
+def _number_key(digits: str) -> tuple[int, int, str]:
+    significant = digits.lstrip("0") or "0"
+    return (1, len(significant), significant)
 
 
 def preferred(

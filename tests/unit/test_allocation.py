@@ -164,6 +164,19 @@ def test_preferred_never_raises_on_odd_ids() -> None:
     assert preferred(NO_INFO, ["x1\u00b2", "x2"], [], 2) == ("x1\u00b2", "x2")
 
 
+@pytest.mark.parametrize(
+    ("available", "expected"),
+    [
+        (["a", "1" * 5000], ("1" * 5000, "a")),  # a digit run past int()'s 4300-digit limit
+        (["x" + "9" * 4400, "x" + "1" + "0" * 4400, "x8"], ("x8", "x" + "9" * 4400, "x" + "1" + "0" * 4400)),
+        (["c" + "0" * 5000 + "2", "c10", "c1"], ("c1", "c" + "0" * 5000 + "2", "c10")),  # leading zeros: the number
+    ],
+    ids=["digits-only", "long-runs-by-value", "leading-zeros"],
+)
+def test_preferred_orders_digit_runs_of_any_length_by_value(available: list[str], expected: tuple[str, ...]) -> None:
+    assert preferred(NO_INFO, available, [], len(available)) == expected
+
+
 # --- allocate: what the container gets ------------------------------------------------------
 
 RICH = DeviceSet.of(
