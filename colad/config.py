@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
-MAX_REPLICAS = 1000
+MAX_REPLICAS = constants.MAX_REPLICAS  # owned by constants: devices.py bounds replica IDs by it
 MAX_RESOURCES = 32
 # At most this many problems are spelled out in the one line of a ConfigError.
 MAX_PROBLEMS_SHOWN = 20

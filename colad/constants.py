@@ -27,6 +27,8 @@ KUBELET_DIAL_TIMEOUT_S: Final = 10.0
 
 # v1beta1/api.proto, Device.ID: "Max length of this field is 63 characters".
 MAX_DEVICE_ID_LENGTH: Final = 63
+# The config's `replicas` is 1..MAX_REPLICAS, so a replica ID's index ("<id>::<n>") is below it.
+MAX_REPLICAS: Final = 1000
 
 # The kubelet's gRPC client keeps grpc-go's default receive limit (4 MiB).
 KUBELET_MAX_RECV_MESSAGE_BYTES: Final = 4 * 1024 * 1024

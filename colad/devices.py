@@ -18,6 +18,7 @@ from colad.constants import (
     MAX_DEVICE_LIST_ENTRIES,
     MAX_DEVICE_MAP_ENTRIES,
     MAX_NUMA_NODE,
+    MAX_REPLICAS,
     UNHEALTHY,
 )
 from colad.device_rules import (
@@ -79,6 +80,32 @@ def id_problem(name: str) -> str | None:
         return "hidden file"
     if not _DEVICE_ID.match(name):
         return "characters other than A-Z a-z 0-9 . _ - (or not starting with a letter or digit)"
+    return None
+
+
+# The longest replica index: MAX_REPLICAS - 1 ("::999").
+_MAX_INDEX_DIGITS = len(str(MAX_REPLICAS - 1))
+
+
+def request_id_problem(device_id: str) -> str | None:
+    """Why an ID a request names cannot be one colad advertises, or None when it can.
+
+    An advertised ID is a device ID or a replica ID "<id>::<n>" (n a canonical decimal below
+    MAX_REPLICAS). Whether the device exists is the caller's question; this bounds the shape, so
+    nothing beyond it (sorting, logging, a CDI name) meets an ID of any other length or alphabet.
+    """
+    base, separator, index = device_id.partition(REPLICA_SEPARATOR)
+    problem = id_problem(base)
+    if problem is not None:
+        return f"not a device ID: {problem}"
+    if separator and not (
+        0 < len(index) <= _MAX_INDEX_DIGITS
+        and index.isascii()
+        and index.isdigit()
+        and (index == "0" or index[0] != "0")
+        and int(index) < MAX_REPLICAS
+    ):
+        return f"replica index is not a whole number from 0 to {MAX_REPLICAS - 1}"
     return None
 
 

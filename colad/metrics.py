@@ -236,6 +236,13 @@ class Metrics:
         self.list_cut = _counter(
             "colad_list_and_watch_cuts", "Device lists cut to fit the kubelet's message limit, by resource.", "resource"
         )
+        self.rpc_errors = _counter(
+            "colad_rpc_errors",
+            "gRPC calls served or made that ended in an error, by method and status code (INTERNAL: a colad bug "
+            "or an undecodable message; INVALID_ANSWER: a kubelet answer with entries colad could not use).",
+            "method",
+            "code",
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -255,6 +262,7 @@ class Metrics:
             self.allocate_requests, self.allocated_devices, self.device_allocations, self.check_allocations,
             self.pre_start_requests, self.cdi_fallbacks, self.allocate_duration, self.preferred_duration,
             self.device_set_changes, self.registrations, self.kubelet_restarts, self.server_restarts, self.list_cut,
+            self.rpc_errors,
         )  # fmt: skip
 
     @property

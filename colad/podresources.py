@@ -3,7 +3,9 @@
 Every `pod_resources_interval` seconds it calls List on `pod_resources_socket` (and, once per
 connection, GetAllocatableResources), hands plain tuples to the pure core (inuse.py), logs
 hand-overs, publishes an InUse snapshot for /metrics and writes run_dir/state/inuse.json for `colad status`.
-An absent or old kubelet degrades to "unavailable" with one log line, never a crash.
+An absent or old kubelet degrades to "unavailable" with one log line, never a crash. Calls go through
+rpc.Client (each failure counted in colad_rpc_errors_total); the answer is checked entry by entry where it
+becomes plain tuples (_assignments): an entry colad cannot use is skipped, counted and told once.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from collections.abc import Callable
 
 import grpc
 
-from colad import inuse, log, proc
+from colad import inuse, log, proc, rpc
 from colad.api import podresources_pb2 as pb
-from colad.api import podresources_pb2_grpc as pb_grpc
 from colad.config import Config
+from colad.devices import request_id_problem
+from colad.errors import CallError
 from colad.metrics import Metrics
+from colad.names import is_dns1123_subdomain
 
 LOG = log.get(__name__)
 
@@ -29,6 +33,8 @@ CALL_DEADLINE_S = 2.0
 # (k8s.io/kubelet pkg/apis/podresources client.go callers); so does colad.
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 NO_ALLOCATABLE = "kubelet has no GetAllocatableResources (older than 1.23); in-use view from List only"
+SERVICE = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
+LIST = rpc.method_name(SERVICE, SERVICE.methods_by_name["List"])
 
 
 class InUseWatcher:
@@ -54,8 +60,10 @@ class InUseWatcher:
         self.published: inuse.InUse = inuse.DOWN
         metrics.in_use = lambda: self.published
         self.told_no_allocatable = False
+        self.metrics = metrics
+        self.skipped = 0  # entries of the last answer colad could not use (told when it becomes non-zero)
         self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.PodResourcesListerStub | None = None
+        self._client: rpc.Client | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -82,8 +90,9 @@ class InUseWatcher:
         while True:
             try:
                 self.poll()
-            except Exception:  # the thread's loop boundary: log, keep polling
-                LOG.exception("in-use poll failed")
+            except Exception as exc:  # the thread's loop boundary: one line and a count, keep polling
+                self.metrics.rpc_errors.labels(LIST, "INTERNAL").inc()
+                LOG.error("in-use poll failed: a colad bug", method=LIST, error=rpc.failure(exc))
             if self._stop.wait(self.interval):
                 return
 
@@ -95,15 +104,17 @@ class InUseWatcher:
             if fresh and not os.path.exists(self.socket_path):
                 self._down(f"no socket at {self.socket_path}")
                 return
-            stub = self._connect()
-            response = stub.List(pb.ListPodResourcesRequest(), timeout=CALL_DEADLINE_S)
-        except grpc.RpcError as exc:
+            client = self._connect()
+            response = client.call("List", pb.ListPodResourcesRequest(), CALL_DEADLINE_S)
+        except CallError as exc:
             self._close()  # dial again next time: grpc's own reconnect back-off grows to minutes
-            self._down(_status(exc) if os.path.exists(self.socket_path) else f"no socket at {self.socket_path}")
+            self._down(str(exc) if os.path.exists(self.socket_path) else f"no socket at {self.socket_path}")
             return
         if fresh:
-            self._log_allocatable(stub, served)
-        view = inuse.holders(_assignments(response), served)
+            self._log_allocatable(client, served)
+        assignments, skipped = _assignments(response, served)
+        self._note_skipped(skipped)
+        view = inuse.holders(assignments, served)
         self._up()
         for change in inuse.diff(self.view, view):
             _log_change(change)
@@ -111,8 +122,8 @@ class InUseWatcher:
         self.published = inuse.published(view, served)
         self._write_state()
 
-    def _connect(self) -> pb_grpc.PodResourcesListerStub:
-        if self._stub is None:
+    def _connect(self) -> rpc.Client:
+        if self._client is None:
             self._channel = grpc.insecure_channel(
                 "unix:" + self.socket_path,
                 options=[
@@ -120,34 +131,44 @@ class InUseWatcher:
                     ("grpc.default_authority", "localhost"),
                 ],
             )
-            self._stub = pb_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
-        return self._stub
+            self._client = rpc.Client(self._channel, SERVICE, pb, self.metrics.rpc_errors)
+        return self._client
 
     def _close(self) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel, self._client = self._channel, None, None
         if channel is not None:
             channel.close()
 
-    def _log_allocatable(self, stub: pb_grpc.PodResourcesListerStub, served: set[str]) -> None:
+    def _log_allocatable(self, client: rpc.Client, served: set[str]) -> None:
         """Once per connection: what the kubelet thinks is allocatable, for comparison with what colad serves."""
         try:
-            answer = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=CALL_DEADLINE_S)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            answer = client.call("GetAllocatableResources", pb.AllocatableResourcesRequest(), CALL_DEADLINE_S)
+        except CallError as exc:
+            if exc.code == "UNIMPLEMENTED":
                 if not self.told_no_allocatable:
                     LOG.info(NO_ALLOCATABLE)
                     self.told_no_allocatable = True
                 else:
                     LOG.debug(NO_ALLOCATABLE)
             else:
-                LOG.debug("GetAllocatableResources failed", error=_status(exc))
+                LOG.debug("GetAllocatableResources failed", error=str(exc))
             return
         counts = dict.fromkeys(served, 0)
         for devices in answer.devices:
             if devices.resource_name in counts:
-                counts[devices.resource_name] += len(devices.device_ids)
+                counts[devices.resource_name] += len(set(devices.device_ids))
         for resource, count in sorted(counts.items()):
             LOG.info("kubelet allocatable devices", resource=resource, devices=count)
+
+    def _note_skipped(self, skipped: list[str]) -> None:
+        """Entries of a List answer colad could not use: counted per answer, told when they first appear."""
+        if skipped:
+            self.metrics.rpc_errors.labels(LIST, "INVALID_ANSWER").inc()
+            (LOG.warning if not self.skipped else LOG.debug)(
+                "pod resources answer has entries colad cannot use; skipped",
+                method=LIST, entries=len(skipped), first=skipped[0],
+            )  # fmt: skip
+        self.skipped = len(skipped)
 
     def _up(self) -> None:
         if self.available is not True:
@@ -174,13 +195,32 @@ class InUseWatcher:
         proc.write_state_file(self.state_path, body)
 
 
-def _assignments(response: pb.ListPodResourcesResponse) -> list[inuse.Assignment]:
-    return [
-        (pod.namespace, pod.name, container.name, devices.resource_name, tuple(devices.device_ids))
-        for pod in response.pod_resources
-        for container in pod.containers
-        for devices in container.devices
-    ]
+def _assignments(response: pb.ListPodResourcesResponse, served: set[str]) -> tuple[list[inuse.Assignment], list[str]]:
+    """The entries of the served resources as plain tuples, and why each one that cannot be used was skipped.
+
+    Names are Kubernetes object names (DNS-1123, which bounds them) and device IDs ones colad could have
+    advertised: anything else did not come from colad and the API server, and goes nowhere (logs, metric
+    labels, the state file).
+    """
+    kept: list[inuse.Assignment] = []
+    skipped: list[str] = []
+    for p, pod in enumerate(response.pod_resources):
+        for c, container in enumerate(pod.containers):
+            for d, devices in enumerate(container.devices):
+                if devices.resource_name not in served:
+                    continue
+                field = f"pod_resources[{p}].containers[{c}].devices[{d}]"
+                names = (("namespace", pod.namespace), ("name", pod.name), ("container", container.name))
+                problem = next((f"{n} is not a Kubernetes name" for n, v in names if not is_dns1123_subdomain(v)), None)
+                ids = tuple(devices.device_ids)
+                for i, device_id in enumerate(ids):
+                    if problem is None and (why := request_id_problem(device_id)) is not None:
+                        problem = f"device_ids[{i}]: {why}"
+                if problem is not None:
+                    skipped.append(f"{field}: {problem}")
+                    continue
+                kept.append((pod.namespace, pod.name, container.name, devices.resource_name, ids))
+    return kept, skipped
 
 
 def _log_change(change: inuse.Change) -> None:
@@ -204,9 +244,3 @@ def _log_change(change: inuse.Change) -> None:
         LOG.info("device in use", **fields)
     else:
         LOG.info("device released", **fields)
-
-
-def _status(exc: grpc.RpcError) -> str:
-    if isinstance(exc, grpc.Call):
-        return f"{exc.code().name}: {exc.details()}"
-    return str(exc)

@@ -1,8 +1,9 @@
 """The gRPC side of the plugin: the DevicePlugin servicer, its server, and the Register call.
 
 With device_list.py, the only module that touches protobuf types. Each RPC converts the request to
-core types, calls devices/allocation, and converts back; expected failures go
-out as INVALID_ARGUMENT or NOT_FOUND naming the device, never UNKNOWN.
+core types (the request_* functions: every field checked there, the message naming it), calls
+devices/allocation, and converts back. Every method is served through rpc.py's boundary: a refusal
+is a RequestError, answered INVALID_ARGUMENT or NOT_FOUND; nothing escapes as UNKNOWN.
 Neighbours: plugin.py builds servers from here and drives their life cycle.
 """
 
@@ -12,18 +13,19 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 
-from colad import allocation, cdi, constants, log
+from colad import allocation, cdi, constants, log, rpc
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.broadcast import DeviceBroadcast
 from colad.device_list import encoded_list, fit_list, to_response
-from colad.errors import AllocationError
+from colad.devices import request_id_problem
+from colad.errors import AllocationError, RequestError
 from colad.metrics import Metrics
 from colad.names import DEFAULT_RESOURCE_NAME
 
@@ -82,6 +84,43 @@ def _encode(resource: str, result: allocation.ContainerAllocation) -> tuple[byte
     return wire, log.event_line("allocate", fields) + " check="
 
 
+def request_ids(field: str, values: Iterable[str]) -> tuple[str, ...]:
+    """A repeated device ID field of a request, each entry an ID colad could advertise (else RequestError)."""
+    ids = tuple(values)
+    for index, device_id in enumerate(ids):
+        problem = request_id_problem(device_id)
+        if problem is not None:
+            raise RequestError(f"{field}[{index}]: {problem}: {log.quote(device_id[:80])}")
+    return ids
+
+
+def request_allocate(request: pb.AllocateRequest) -> list[tuple[str, ...]]:
+    """The device IDs of each container request, in order."""
+    if not request.container_requests:
+        raise AllocationError("Allocate request has no container requests")
+    return [
+        request_ids(f"container_requests[{i}].devices_ids", c.devices_ids)
+        for i, c in enumerate(request.container_requests)
+    ]
+
+
+def request_preferred(request: pb.PreferredAllocationRequest) -> list[tuple[tuple[str, ...], tuple[str, ...], int]]:
+    """(available, must_include, allocation_size) of each container request, in order."""
+    containers = []
+    for i, c in enumerate(request.container_requests):
+        field = f"container_requests[{i}]"
+        if c.allocation_size < 0:
+            raise RequestError(f"{field}.allocation_size: {c.allocation_size} is negative")
+        available = request_ids(f"{field}.available_deviceIDs", c.available_deviceIDs)
+        must = request_ids(f"{field}.must_include_deviceIDs", c.must_include_deviceIDs)
+        containers.append((available, must, c.allocation_size))
+    return containers
+
+
+def request_pre_start(request: pb.PreStartContainerRequest) -> tuple[str, ...]:
+    return request_ids("devices_ids", request.devices_ids)
+
+
 CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
 
 
@@ -132,7 +171,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         """Each list as the serialized ListAndWatchResponse (encoded_list: protobuf's own bytes), sent as it is."""
         with self._lock:
             if self._streams >= MAX_STREAMS:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_STREAMS} ListAndWatch streams")
+                raise RequestError(f"at most {MAX_STREAMS} ListAndWatch streams", status="RESOURCE_EXHAUSTED")
             self._streams += 1
         context.add_callback(self.broadcast.wake)
         self.events.opened(self.generation)
@@ -159,8 +198,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             devices = self.broadcast.devices
             # Validate every container first: a refusal must not leave half an answer counted.
             try:
-                if not request.container_requests:
-                    raise AllocationError("Allocate request has no container requests")
+                containers = request_allocate(request)
                 mode = self.cdi_mode()
                 # Named by CDI only if the spec discovery wrote lists it (one stat while it is unchanged).
                 listed = (
@@ -170,24 +208,23 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 answers = [
                     allocation.answer(
                         devices,
-                        tuple(c.devices_ids),
+                        ids,
                         self._encode,
                         resource_name=self.resource,
                         cdi_mode=mode,
                         cdi_listed=names,
                     )
-                    for c in request.container_requests
+                    for ids in containers
                 ]
-            except AllocationError as exc:
-                code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
+            except RequestError as exc:
+                not_found = isinstance(exc, AllocationError) and exc.not_found
                 if check:
                     self.metrics.check_allocations.inc()
                 else:
-                    self.metrics.allocate_requests.labels(
-                        self.resource, "not_found" if exc.not_found else "invalid"
-                    ).inc()
+                    self.metrics.allocate_requests.labels(self.resource, "not_found" if not_found else "invalid").inc()
                 LOG.warning("allocate refused", resource=self.resource, reason=str(exc), check=check)
-                context.abort(code, str(exc))
+                exc.logged = True
+                raise
             # Concatenated one-container AllocateResponses are the response of all (protobuf merges repeated fields).
             response = pb.AllocateResponse.FromString(b"".join(encoded[0] for _result, encoded in answers))
             results = [result for result, _encoded in answers]
@@ -235,9 +272,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             response = pb.PreferredAllocationResponse()
             devices, policy = self.broadcast.devices, self.policy()
-            for container in request.container_requests:
-                available, must = list(container.available_deviceIDs), list(container.must_include_deviceIDs)
-                chosen = allocation.preferred(devices, available, must, container.allocation_size, policy)
+            for available, must, size in request_preferred(request):
+                chosen = allocation.preferred(devices, available, must, size, policy)
                 response.container_responses.add(deviceIDs=chosen)
             return response
         finally:
@@ -251,13 +287,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
         started = time.perf_counter()
         command, timeout = self.prepare()
-        requested = list(request.devices_ids)
+        requested = request_pre_start(request)
         try:
             steps = prestart.plan(self.resource, command, self.broadcast.devices, requested)
         except prestart.UnknownDevice as exc:
             self.metrics.pre_start_requests.labels(self.resource, "not_found").inc()
             LOG.warning("prepare refused", resource=self.resource, device=str(exc), reason="unknown device")
-            context.abort(grpc.StatusCode.NOT_FOUND, f"PreStartContainer: unknown device {str(exc)!r}")
+            raise RequestError(
+                f"PreStartContainer: unknown device {str(exc)!r}", status="NOT_FOUND", logged=True
+            ) from None
         # The kubelet's own deadline (30 s) may be nearer than ours when it has waited for a turn.
         remaining = context.time_remaining()
         budget = timeout if remaining is None else min(timeout, remaining - prestart.ANSWER_MARGIN)
@@ -276,7 +314,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     reason=result.reason,
                 )
                 message = f"prepare command {step.argv[0]} failed for device {devices}: {result.reason}"
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+                raise RequestError(message, status="FAILED_PRECONDITION", logged=True)
         self.metrics.pre_start_requests.labels(self.resource, "success").inc()
         LOG.info(
             "prepared",
@@ -288,27 +326,25 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
+# Served with no serializer: its lists are bytes already (encoded_list). A serializer would parse each into
+# a message and serialize it again: ~2 ms of the stream thread per change at 10,000 devices.
+SENT_AS_ENCODED = ("ListAndWatch",)
+
+
 def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
-    """A server bound to `socket_path`, not yet started."""
+    """A server bound to `socket_path`, not yet started; every method of the service through rpc.handlers."""
+    served = rpc.handlers(
+        SERVICE, servicer, pb, servicer.metrics.rpc_errors, raw=SENT_AS_ENCODED, fields={"resource": servicer.resource}
+    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="grpc"),
-        handlers=[_sent_as_encoded(servicer)],  # asked first: ListAndWatch is served by it, not the generated one
+        handlers=[served],
         options=[("grpc.so_reuseport", 0)],
     )
-    pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
     if server.add_insecure_port("unix:" + socket_path) == 0:
         raise OSError(f"cannot listen on {socket_path}")
     return server
-
-
-def _sent_as_encoded(servicer: DevicePluginServicer) -> grpc.GenericRpcHandler:
-    """ListAndWatch with no serializer: its lists are bytes already (the generated handlers serve the rest).
-
-    The generated handler would parse each into a message and serialize it again: ~2 ms of the stream
-    thread per change at 10,000 devices, and the parsed list's memory meanwhile (#14).
-    """
-    handler = grpc.unary_stream_rpc_method_handler(servicer.ListAndWatch, request_deserializer=pb.Empty.FromString)
-    return grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", {"ListAndWatch": handler})
 
 
 class RegisterCall:

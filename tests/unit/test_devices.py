@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, MAX_REPLICAS, UNHEALTHY
 from colad.device_wire import device_from_wire, device_to_wire
 from colad.devices import (
     HEALTH_VALUES,
@@ -27,6 +27,7 @@ from colad.devices import (
     diff,
     id_problem,
     replicate,
+    request_id_problem,
 )
 
 pytestmark = pytest.mark.unit
@@ -399,6 +400,39 @@ def test_base_id(device_id: str, expected: str) -> None:
 def test_replica_ids_never_clash_with_file_ids() -> None:
     assert REPLICA_SEPARATOR == "::"
     assert id_problem("cola1::0") is not None
+
+
+@pytest.mark.parametrize(
+    "device_id", ["cola1", "a" * MAX_DEVICE_ID_LENGTH, "cola1::0", "cola1::7", f"cola1::{MAX_REPLICAS - 1}", "1"]
+)
+def test_request_id_problem_accepts_every_id_colad_advertises(device_id: str) -> None:
+    assert request_id_problem(device_id) is None
+
+
+@pytest.mark.parametrize(
+    ("device_id", "problem"),
+    [
+        ("", "not a device ID: empty name"),
+        ("a" * (MAX_DEVICE_ID_LENGTH + 1), "not a device ID: longer than"),
+        ("1" * 5000, "not a device ID: longer than"),
+        (".cola", "not a device ID: hidden file"),
+        ("co la", "not a device ID: characters"),
+        ("cola\u202e", "not a device ID: characters"),
+        ("cola\x00", "not a device ID: characters"),
+        ("\u0663", "not a device ID: characters"),
+        ("::0", "not a device ID: empty name"),
+        ("cola::", "replica index"),
+        ("cola::01", "replica index"),
+        (f"cola::{MAX_REPLICAS}", "replica index"),
+        ("cola::" + "0" * 5000, "replica index"),
+        ("cola::\u0663", "replica index"),
+        ("cola::1::2", "replica index"),
+        ("cola::-1", "replica index"),
+    ],
+)
+def test_request_id_problem_refuses_what_colad_never_advertises(device_id: str, problem: str) -> None:
+    found = request_id_problem(device_id)
+    assert found is not None and found.startswith(problem)
 
 
 @pytest.mark.parametrize("replicas", [-1, 0, 1])

@@ -1,0 +1,304 @@
+"""Every gRPC method colad serves or calls passes one boundary: a status and one line, never UNKNOWN or a traceback.
+
+The real plugin server (service.build_server) on a real Unix socket: each request message of the
+DevicePlugin service, every field of it in many shapes (tests/fuzz/wire.py, derived from the
+descriptors), is answered OK or with a documented code; a handler that raises is INTERNAL with one
+ERROR line and colad_rpc_errors_total; no method is served around the boundary. The PodResources
+client meets hostile answers from a raw server: the in-use view stays up or degrades, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from colad import rpc
+from colad.api import deviceplugin_pb2 as pb
+from colad.api import podresources_pb2 as prpb
+from colad.config import Config
+from colad.devices import UNHEALTHY, Device, DeviceSet
+from colad.metrics import Metrics
+from colad.podresources import LIST, InUseWatcher
+from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.statefile import PluginState
+from tests.fuzz import wire
+
+pytestmark = pytest.mark.integration
+COLA = "myway5.com/cola"
+DEVICES = DeviceSet.of([Device("cocacola"), Device("cocacola::0"), Device("peisicola"), Device("fanta", UNHEALTHY)])
+# What a request colad cannot serve may be answered with: the kubelet contract's codes, never UNKNOWN/INTERNAL.
+DOCUMENTED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,  # PreStartContainer: a prepare command failed
+    grpc.StatusCode.RESOURCE_EXHAUSTED,  # ListAndWatch: too many streams
+}
+METHODS = [m.name for m in SERVICE.methods]
+
+
+class Served:
+    """The plugin's servicer for DEVICES behind build_server on `path`; `raw(method, bytes)` calls it."""
+
+    def __init__(self, path: Path, servicer: DevicePluginServicer | None = None) -> None:
+        self.metrics = Metrics(snapshot=lambda: PluginState(pid=1))
+        broadcast = DeviceBroadcast()
+        broadcast.update(DEVICES)
+        events = StreamEvents(lambda _g: None, lambda _g: None, lambda _g, _n: None)
+        self.servicer = servicer or DevicePluginServicer(
+            broadcast, 1, events, self.metrics, COLA, prepare=lambda: (("true",), 5.0)
+        )
+        self.servicer.metrics = self.metrics
+        self.server = build_server(self.servicer, str(path))
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"unix:{path}")
+
+    def raw(self, method: str, data: bytes) -> grpc.StatusCode:
+        """Send `data` as the request of `method`; the status it ended with (a stream: after its first list)."""
+        name = f"/{SERVICE.full_name}/{method}"
+        if SERVICE.methods_by_name[method].server_streaming:
+            stream = self.channel.unary_stream(name, request_serializer=None, response_deserializer=None)
+            call = stream(data, timeout=10)
+            try:
+                next(call)
+            except grpc.RpcError as exc:
+                return exc.code()  # type: ignore[attr-defined,no-any-return]
+            call.cancel()
+            return grpc.StatusCode.OK
+        unary = self.channel.unary_unary(name, request_serializer=None, response_deserializer=None)
+        try:
+            unary(data, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[attr-defined,no-any-return]
+        return grpc.StatusCode.OK
+
+    def errors(self, code: str) -> float:
+        return sum(
+            self.metrics.registry.get_sample_value(
+                "colad_rpc_errors_total", {"method": f"{SERVICE.full_name}/{m}", "code": code}
+            )
+            or 0.0
+            for m in METHODS
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(grace=None).wait(5)
+
+
+@pytest.fixture
+def served(short_tmp: Path) -> Iterator[Served]:
+    s = Served(short_tmp / "p.sock")
+    yield s
+    s.close()
+
+
+def no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    for record in caplog.records:
+        assert not record.exc_info, record.getMessage()
+        assert "Traceback" not in record.getMessage(), record.getMessage()
+
+
+def preferred(ids: list[str], size: int = 1) -> bytes:
+    container = pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=size)
+    return pb.PreferredAllocationRequest(container_requests=[container]).SerializeToString()
+
+
+def test_preferred_allocation_of_a_5000_digit_id_is_invalid_argument_naming_the_field(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    stub = served.channel.unary_unary(
+        f"/{SERVICE.full_name}/GetPreferredAllocation", request_serializer=None, response_deserializer=None
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        stub(preferred(["1" * 5000, "cocacola"]), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert refused.value.details().startswith("container_requests[0].available_deviceIDs[0]: not a device ID")  # type: ignore[attr-defined]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and 'msg="request refused"' in lines[0] and "code=INVALID_ARGUMENT" in lines[0]
+    assert served.errors("INVALID_ARGUMENT") == 1 and served.errors("INTERNAL") == 0
+    no_traceback(caplog)
+    answer = pb.PreferredAllocationResponse.FromString(stub(preferred(["peisicola", "cocacola"]), timeout=10))
+    assert list(answer.container_responses[0].deviceIDs) == ["cocacola"]
+
+
+class Raising(DevicePluginServicer):
+    """Every method raises what no handler expects: the boundary must make each INTERNAL."""
+
+    def __init__(self) -> None:
+        metrics = Metrics(snapshot=lambda: PluginState(pid=1))
+        super().__init__(
+            DeviceBroadcast(), 1, StreamEvents(lambda _g: None, lambda _g: None, lambda _g, _n: None), metrics, COLA
+        )
+
+    def _boom(self, *_args: object) -> pb.Empty:
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    GetDevicePluginOptions = Allocate = GetPreferredAllocation = PreStartContainer = _boom
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[bytes]:  # noqa: N802
+        raise KeyError("boom")
+        yield b""  # a generator, as the real one
+
+
+def test_every_method_of_the_service_is_served_through_the_boundary(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = Served(short_tmp / "r.sock", Raising())
+    try:
+        for method in METHODS:
+            caplog.clear()
+            assert served.raw(method, b"") == grpc.StatusCode.INTERNAL, method
+            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert len(errors) == 1 and f"method=v1beta1.DevicePlugin/{method}" in errors[0], errors
+            assert "a colad bug" in errors[0] and "at service" not in errors[0]
+            no_traceback(caplog)
+        assert served.errors("INTERNAL") == len(METHODS)
+    finally:
+        served.close()
+    handler = rpc.handlers(SERVICE, Raising(), pb, Metrics().rpc_errors)
+    for method in SERVICE.methods:
+        details = type("D", (), {"method": f"/{SERVICE.full_name}/{method.name}", "invocation_metadata": ()})()
+        found = handler.service(details)  # type: ignore[arg-type]
+        assert found is not None, method.name
+        behavior = found.unary_stream if method.server_streaming else found.unary_unary
+        assert getattr(behavior, rpc.WRAPPED) == f"{SERVICE.full_name}/{method.name}"
+
+
+def request_messages() -> list[tuple[str, str, bytes]]:
+    return [(method.name, label, data) for method in SERVICE.methods for label, data in wire.cases(method.input_type)]
+
+
+CASES = request_messages()
+
+
+def test_every_field_of_every_request_in_every_shape_gets_a_documented_code(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """All of wire.cases over the socket: one test, so the whole table costs one server (seconds)."""
+    caplog.set_level(logging.INFO)
+    seen: dict[str, set[grpc.StatusCode]] = {}
+    for method, label, data in CASES:
+        code = served.raw(method, data)
+        assert code in DOCUMENTED, f"{method} {label}: {code}"
+        seen.setdefault(method, set()).add(code)
+    rng = random.Random(7)
+    for _ in range(300):
+        method = rng.choice(METHODS)
+        data = wire.mutate(SERVICE.methods_by_name[method].input_type, rng.randbytes(rng.randrange(1, 80)))
+        assert (code := served.raw(method, data)) in DOCUMENTED, f"{method} {data!r}: {code}"
+    assert served.errors("INTERNAL") == 0
+    no_traceback(caplog)
+    # The table reaches both sides of each request method: served, and refused naming a field.
+    for method in ("Allocate", "GetPreferredAllocation", "PreStartContainer"):
+        assert {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT} <= seen[method], (method, seen[method])
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert any("available_deviceIDs" in line for line in refusals)
+    assert any("must_include_deviceIDs" in line for line in refusals)
+    assert any("allocation_size" in line for line in refusals)
+
+
+@pytest.mark.parametrize(
+    ("ids", "size", "code"),
+    [
+        (["cocacola", "cocacola"], 1, grpc.StatusCode.OK),  # duplicates: one answer
+        (["nosuch"], 1, grpc.StatusCode.OK),  # unknown but well formed: advisory, best effort
+        (["cocacola::1000"], 1, grpc.StatusCode.INVALID_ARGUMENT),  # no replica index that high
+        (["cocacola::01"], 1, grpc.StatusCode.INVALID_ARGUMENT),
+        (["cola\u202e"], 1, grpc.StatusCode.INVALID_ARGUMENT),
+        (["cocacola"], -1, grpc.StatusCode.INVALID_ARGUMENT),
+        (["cocacola"], 2**31 - 1, grpc.StatusCode.OK),
+    ],
+    ids=[
+        "duplicated",
+        "unknown",
+        "replica-index-too-high",
+        "replica-leading-zero",
+        "rtl",
+        "negative-size",
+        "huge-size",
+    ],
+)
+def test_preferred_allocation_table(served: Served, ids: list[str], size: int, code: grpc.StatusCode) -> None:
+    assert served.raw("GetPreferredAllocation", preferred(ids, size)) == code
+
+
+# ---- the PodResources client --------------------------------------------------------------------------------
+
+
+class RawKubelet:
+    """A PodResources server answering List with whatever bytes the test sets (the fake is too well behaved)."""
+
+    def __init__(self, path: Path) -> None:
+        from concurrent import futures
+
+        self.answer = b""
+        self.fail: grpc.StatusCode | None = None
+
+        def list_(request: bytes, context: grpc.ServicerContext) -> bytes:
+            if self.fail is not None:
+                context.abort(self.fail, "injected")
+            return self.answer
+
+        def unimplemented(request: bytes, context: grpc.ServicerContext) -> bytes:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+
+        handler = grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister",
+            {
+                "List": grpc.unary_unary_rpc_method_handler(list_),
+                "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(unimplemented),
+            },
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+        self.server.add_insecure_port(f"unix:{path}")
+        self.server.start()
+
+
+def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    path = short_tmp / "pr.sock"
+    kubelet = RawKubelet(path)
+    cfg = Config(run_dir=str(short_tmp / "run"), pod_resources_socket=str(path), pod_resources_interval=3600.0)
+    (short_tmp / "run").mkdir(mode=0o700)
+    metrics = Metrics(snapshot=lambda: PluginState(pid=1))
+    watcher = InUseWatcher(cfg, metrics, lambda: {COLA})
+
+    def count(code: str) -> float:
+        return metrics.registry.get_sample_value("colad_rpc_errors_total", {"method": LIST, "code": code}) or 0.0
+
+    good = prpb.ContainerDevices(resource_name=COLA, device_ids=["cocacola"])
+    kubelet.answer = prpb.ListPodResourcesResponse(
+        pod_resources=[
+            prpb.PodResources(name="p", namespace="ns", containers=[prpb.ContainerResources(name="c", devices=[good])])
+        ]
+    ).SerializeToString()
+    try:
+        watcher.poll()
+        assert watcher.available and watcher.published.holders == ((COLA, "cocacola", "ns", "p", "c"),)
+        # Every field of the answer colad reads, in every shape, with the resource colad serves.
+        names = {"resource_name": COLA.encode(), "namespace": b"ns", "name": b"p"}
+        for label, data in wire.cases(prpb.ListPodResourcesResponse.DESCRIPTOR, plain=names):
+            kubelet.answer = data
+            watcher.poll()  # never raises
+            held = {row[1] for row in watcher.published.holders}
+            assert held <= {"cocacola", wire.VALID_ID}, (label, held)
+        assert count("INTERNAL") >= 1  # the encoded surrogate: not decodable, counted, view down
+        assert count("INVALID_ANSWER") >= 1
+        kubelet.fail = grpc.StatusCode.INTERNAL
+        watcher.poll()
+        assert watcher.available is False and "INTERNAL: injected" in watcher.reason
+    finally:
+        watcher.stop()
+        kubelet.server.stop(grace=None).wait(5)
+    no_traceback(caplog)
+    warnings = [r.getMessage() for r in caplog.records if "entries colad cannot use" in r.getMessage()]
+    assert 1 <= len(warnings) < count("INVALID_ANSWER")  # told when they appear, not per answer
