@@ -12,9 +12,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
+from colad.api import deviceplugin_pb2 as pb
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import PROGRAMS, ColadService
 
 pytestmark = pytest.mark.e2e
@@ -107,6 +109,42 @@ def test_allocate_answers_and_refuses(colad: ColadService, kubelet: FakeKubelet)
     # The plugin is intact after refusing.
     assert kubelet.allocate(["cocacola"])["envs"] == {"COLA_DEVICES": "cocacola"}
     assert kubelet.get_preferred_allocation(["peisicola", "cocacola"], ["peisicola"], 2) == ["peisicola", "cocacola"]
+    assert kubelet.get_preferred_allocation(["peisicola", "cocacola"], [], 1) == ["cocacola"]
+    assert kubelet.stream_alive()
+
+
+LONG = ["1" * 5000]
+PREFERRED = pb.PreferredAllocationRequest(
+    container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=LONG, allocation_size=1)]
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "request_message", "field"),
+    [
+        ("GetPreferredAllocation", PREFERRED, "container_requests[0].available_deviceIDs[0]: not a device ID"),
+        ("Allocate", pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=LONG)]),
+         "container_requests[0].devices_ids[0]: not a device ID"),
+        ("PreStartContainer", pb.PreStartContainerRequest(devices_ids=["cola::" + "9" * 5000]),
+         "devices_ids[0]: replica index"),
+    ],
+    ids=["preferred", "allocate", "pre-start"],
+)  # fmt: skip
+def test_an_id_of_5000_digits_is_invalid_argument_in_the_supervised_plugin(
+    colad: ColadService, kubelet: FakeKubelet, method: str, request_message: Message, field: str
+) -> None:
+    """The guard (no traceback, no unasked exit) holds; the line and colad_rpc_errors_total say what happened."""
+    settle(colad, kubelet)
+    endpoint = kubelet.wait_registered().endpoint
+    with grpc.insecure_channel(f"unix:{kubelet.plugin_dir / endpoint}") as channel:
+        call = channel.unary_unary(f"/v1beta1.DevicePlugin/{method}", request_serializer=None)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(request_message.SerializeToString(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert refused.value.details().startswith(field)  # type: ignore[attr-defined]
+    address = metrics_address(colad.run_dir)
+    series = f'colad_rpc_errors_total{{code="INVALID_ARGUMENT",method="v1beta1.DevicePlugin/{method}"}} 1.0'
+    wait_until(lambda: series in http_get(f"http://{address}/metrics")[1], 10, series)
     assert kubelet.get_preferred_allocation(["peisicola", "cocacola"], [], 1) == ["cocacola"]
     assert kubelet.stream_alive()
 
