@@ -105,12 +105,14 @@ def request_allocate(request: pb.AllocateRequest) -> list[tuple[str, ...]]:
 
 
 def request_preferred(request: pb.PreferredAllocationRequest) -> list[tuple[tuple[str, ...], tuple[str, ...], int]]:
-    """(available, must_include, allocation_size) of each container request, in order."""
+    """(available, must_include, allocation_size) of each container request, in order.
+
+    Any size is served (allocation.preferred answers best-effort: the answer is advisory); an ID that
+    colad could never have advertised is refused (no kubelet sends one: it holds only IDs colad listed).
+    """
     containers = []
     for i, c in enumerate(request.container_requests):
         field = f"container_requests[{i}]"
-        if c.allocation_size < 0:
-            raise RequestError(f"{field}.allocation_size: {c.allocation_size} is negative")
         available = request_ids(f"{field}.available_deviceIDs", c.available_deviceIDs)
         must = request_ids(f"{field}.must_include_deviceIDs", c.must_include_deviceIDs)
         containers.append((available, must, c.allocation_size))

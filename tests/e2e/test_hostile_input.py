@@ -176,9 +176,10 @@ ALLOCATE_CASES = [
     ("unknown-id", allocate_request(["fanta"]), grpc.StatusCode.NOT_FOUND, "fanta"),
     ("one-bad-container-of-two", allocate_request(["cocacola"], ["fanta"]), grpc.StatusCode.NOT_FOUND, "fanta"),
     ("10000-unknown-ids", allocate_request([f"x{i}" for i in range(10_000)]), grpc.StatusCode.NOT_FOUND, "x0"),
-    ("garbage-bytes", b"\xff\xff\xff\xff", grpc.StatusCode.INTERNAL, "deserializ"),
+    ("garbage-bytes", b"\xff\xff\xff\xff", grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid message"),
     # container_requests { devices_ids: "\xff" }: not UTF-8, which proto3 strings must be.
-    ("non-utf8-id", b"\x0a\x03\x0a\x01\xff", grpc.StatusCode.INTERNAL, "deserializ"),
+    ("non-utf8-id", b"\x0a\x03\x0a\x01\xff", grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid message"),
+    ("5000-digit-id", allocate_request(["1" * 5000]), grpc.StatusCode.INVALID_ARGUMENT, "devices_ids[0]: not a device"),
 ]
 
 
@@ -232,5 +233,5 @@ def test_awkward_preferred_allocation_requests_never_fail(
 def test_garbage_preferred_allocation_request_gets_a_status(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices(BASE)
     result = raw_call(colad, kubelet, "GetPreferredAllocation", b"\x0a\xff")
-    assert isinstance(result, grpc.RpcError) and result.code() == grpc.StatusCode.INTERNAL
+    assert isinstance(result, grpc.RpcError) and result.code() == grpc.StatusCode.INVALID_ARGUMENT
     intact(colad, kubelet, BASE)
