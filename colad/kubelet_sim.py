@@ -16,15 +16,16 @@ import sys
 import threading
 import time
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
-from colad import constants, log
+from colad import constants, log, rpc
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.config import Config
-from colad.errors import InstanceError
+from colad.errors import InstanceError, RequestError
+from colad.metrics import Metrics
 from colad.names import resource_name_problem
 from colad.socketpath import claim_socket_path
 
@@ -83,10 +84,10 @@ class Simulator(pb_grpc.RegistrationServicer):
         threading.Thread(target=self.follow, args=(channel, request.endpoint), daemon=True).start()
         return pb.Empty()
 
-    def refuse(self, context: grpc.ServicerContext, seen: dict[str, str], error: str) -> None:
+    def refuse(self, context: grpc.ServicerContext, seen: dict[str, str], error: str) -> NoReturn:
         LOG.warning("register refused", error=error, **seen)
         self.emit("register", ok=False, error=error, **seen)
-        context.abort(grpc.StatusCode.UNKNOWN, error)
+        raise RequestError(error, status="UNKNOWN", logged=True)  # the kubelet's Register errors are UNKNOWN
 
     def follow(self, channel: grpc.Channel, endpoint: str) -> None:
         stub = pb_grpc.DevicePluginStub(channel)
@@ -150,8 +151,8 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
         LOG.error("refusing to start", reason=str(exc))
         sim.emit("exit", code=1, reason=f"refusing to start: {exc}")
         return 1
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_RegistrationServicer_to_server(sim, server)
+    registration = rpc.handlers(pb.DESCRIPTOR.services_by_name["Registration"], sim, pb, Metrics().rpc_errors)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[registration])
     server.add_insecure_port("unix:" + cfg.kubelet_socket)
     server.start()
     LOG.info("kubelet simulator listening", socket=cfg.kubelet_socket)

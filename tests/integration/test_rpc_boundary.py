@@ -171,6 +171,24 @@ def test_every_method_of_the_service_is_served_through_the_boundary(
         assert getattr(behavior, rpc.WRAPPED) == f"{SERVICE.full_name}/{method.name}"
 
 
+def test_no_grpc_server_in_colad_is_built_around_the_boundary() -> None:
+    """Servers are built from rpc.handlers only, and only rpc.py turns an error into a status.
+
+    A handler's own context.abort() would be taken by the boundary for a bug (INTERNAL); the generated
+    add_*Servicer_to_server would serve its methods with no boundary at all.
+    """
+    package = Path(rpc.__file__).parent
+    for source in sorted(package.glob("*.py")):
+        text = source.read_text()
+        assert "Servicer_to_server(" not in text, source.name
+        if source.name != "rpc.py":
+            assert ".abort(" not in text and "set_code(" not in text, source.name
+        for call in text.split("grpc.server(")[1:]:
+            assert "handlers=[" in call.split("\n\n")[0], f"{source.name}: a server without rpc.handlers"
+    assert "rpc.handlers(" in (package / "service.py").read_text()
+    assert "rpc.handlers(" in (package / "kubelet_sim.py").read_text()
+
+
 def request_messages() -> list[tuple[str, str, bytes]]:
     return [(method.name, label, data) for method in SERVICE.methods for label, data in wire.cases(method.input_type)]
 
