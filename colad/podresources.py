@@ -87,12 +87,20 @@ class InUseWatcher:
         self._close()
 
     def _run(self) -> None:
+        failed = ""
         while True:
             try:
                 self.poll()
             except Exception as exc:  # the thread's loop boundary: one line and a count, keep polling
                 self.metrics.rpc_errors.labels(LIST, "INTERNAL").inc()
-                LOG.error("in-use poll failed: a colad bug", method=LIST, error=rpc.failure(exc))
+                error = rpc.failure(exc)
+                # Said once while it repeats (every poll would be a line every interval): counted each time.
+                (LOG.error if error != failed else LOG.debug)(
+                    "in-use poll failed: a colad bug", method=LIST, error=error
+                )
+                failed = error
+            else:
+                failed = ""
             if self._stop.wait(self.interval):
                 return
 

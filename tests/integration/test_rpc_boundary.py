@@ -27,6 +27,7 @@ from colad.podresources import LIST, InUseWatcher
 from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
 from tests.fuzz import wire
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 COLA = "myway5.com/cola"
@@ -319,3 +320,32 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
     no_traceback(caplog)
     warnings = [r.getMessage() for r in caplog.records if "entries colad cannot use" in r.getMessage()]
     assert 1 <= len(warnings) < count("INVALID_ANSWER")  # told when they appear, not per answer
+
+
+def test_an_unexpected_error_in_the_poll_thread_is_one_line_and_a_count(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = short_tmp / "pr.sock"
+    kubelet = RawKubelet(path)
+    cfg = Config(run_dir=str(short_tmp / "run"), pod_resources_socket=str(path), pod_resources_interval=0.05)
+    (short_tmp / "run").mkdir(mode=0o700)
+    metrics = Metrics(snapshot=lambda: PluginState(pid=1))
+
+    def served() -> set[str]:
+        raise RuntimeError("resources unreadable")
+
+    watcher = InUseWatcher(cfg, metrics, served)
+    internal = {"method": LIST, "code": "INTERNAL"}
+    watcher.start()
+    try:
+        wait_until(
+            lambda: (metrics.registry.get_sample_value("colad_rpc_errors_total", internal) or 0) >= 2,
+            10,
+            "two failed polls counted (the thread goes on)",
+        )
+    finally:
+        watcher.stop()
+        kubelet.server.stop(grace=None).wait(5)
+    lines = [r.getMessage() for r in caplog.records if "in-use poll failed" in r.getMessage()]
+    assert len(lines) == 1 and "RuntimeError: resources unreadable at test_rpc_boundary.py:" in lines[0]  # once
+    no_traceback(caplog)
