@@ -257,6 +257,7 @@ class RawKubelet:
         from concurrent import futures
 
         self.answer = b""
+        self.allocatable: bytes | None = None  # None: UNIMPLEMENTED, as a kubelet before 1.23
         self.fail: grpc.StatusCode | None = None
 
         def list_(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -264,14 +265,16 @@ class RawKubelet:
                 context.abort(self.fail, "injected")
             return self.answer
 
-        def unimplemented(request: bytes, context: grpc.ServicerContext) -> bytes:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+        def allocatable(request: bytes, context: grpc.ServicerContext) -> bytes:
+            if self.allocatable is None:
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
+            return self.allocatable
 
         handler = grpc.method_handlers_generic_handler(
             "v1.PodResourcesLister",
             {
                 "List": grpc.unary_unary_rpc_method_handler(list_),
-                "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(unimplemented),
+                "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(allocatable),
             },
         )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
@@ -294,7 +297,7 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
         return metrics.registry.get_sample_value("colad_rpc_errors_total", {"method": LIST, "code": code}) or 0.0
 
     good = prpb.ContainerDevices(resource_name=COLA, device_ids=["cocacola"])
-    kubelet.answer = prpb.ListPodResourcesResponse(
+    kubelet.answer = good_answer = prpb.ListPodResourcesResponse(
         pod_resources=[
             prpb.PodResources(name="p", namespace="ns", containers=[prpb.ContainerResources(name="c", devices=[good])])
         ]
@@ -311,6 +314,14 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
             assert held <= {"cocacola", wire.VALID_ID}, (label, held)
         assert count("INTERNAL") >= 1  # the encoded surrogate: not decodable, counted, view down
         assert count("INVALID_ANSWER") >= 1
+        # GetAllocatableResources, asked once per connection: every field of its answer too.
+        kubelet.answer = good_answer
+        allocatable = prpb.AllocatableResourcesResponse.DESCRIPTOR
+        for label, data in wire.cases(allocatable, plain={"resource_name": COLA.encode()}):
+            kubelet.allocatable = data
+            watcher._close()  # a fresh connection asks again
+            watcher.poll()
+            assert watcher.available, label
         kubelet.fail = grpc.StatusCode.INTERNAL
         watcher.poll()
         assert watcher.available is False and "INTERNAL: injected" in watcher.reason
