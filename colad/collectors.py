@@ -153,6 +153,7 @@ class PeerCollector:
                 if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
                     inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
         yield inputs
+        yield from _inotify_families(counters)
         yield from self.processes.collect({"plugin": os.getpid(), "supervisord": os.getppid(), **pids})
 
 
@@ -233,6 +234,27 @@ class InUseCollector:
             for row in view.holders:
                 holders.add_metric(list(row), 1)
         yield from (up, counts, holders)
+
+
+def _inotify_families(counters: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    """Each watcher role's degraded mode: which inotify limit keeps a watch out now, and how often it began."""
+    degraded = GaugeMetricFamily(
+        "colad_inotify_degraded",
+        f"1 while a kernel inotify limit keeps a role from watching, so it polls every {constants.DEGRADED_POLL_S:g}s.",
+        labels=["role", "limit"],
+    )
+    reached = CounterMetricFamily(
+        "colad_inotify_limit_reached",
+        "Times a role entered the degraded mode (a kernel inotify limit kept a watch out).",
+        labels=["role"],
+    )
+    for role in ("discovery", "kubelet-watch"):
+        got = counters.get(role, {})
+        for limit in ("max_user_instances", "max_user_watches"):
+            degraded.add_metric([role, limit], got.get(constants.INOTIFY_DEGRADED + limit, 0))
+        reached.add_metric([role], got.get(constants.INOTIFY_LIMIT_REACHED, 0))
+    yield degraded
+    yield reached
 
 
 def _stats_family(name: str, text: str, label: str, counters: dict[str, int], keys: dict[str, str]) -> Metric:

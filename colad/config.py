@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from colad import constants
+from colad import constants, dirpath
 from colad.config_checks import (
     CDI_MODES,
     address_problem,
@@ -258,7 +258,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     if not os.path.isabs(path) and text_problem(path) is None:
         # The children (supervisord's, with their own working directory) re-read it on reload.
         try:
-            path = os.path.abspath(path)
+            path = dirpath.absolute(path)
         except OSError as exc:
             problems.append(f"config file {show_path(path)}: {exc.strerror or exc}")
     fields = {f.name: f for f in _settable_fields()}

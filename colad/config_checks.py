@@ -14,7 +14,7 @@ import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 
-from colad import constants
+from colad import constants, dirpath
 from colad.device_rules import command_problem as devices_command_problem
 from colad.names import REPLICA_POLICIES
 
@@ -299,11 +299,11 @@ Named = tuple[str, str, str]
 def _place(path: str) -> tuple[str, tuple[int, int] | None]:
     """A directory's resolved path (symlinks, '.', '..', '//' and a trailing '/' gone) and, if it
     exists, its (st_dev, st_ino): two spellings, a symlink or a bind mount of one directory match."""
+    real = dirpath.resolve(path)  # the rule discovery watches and lists by
     try:
-        real = os.path.realpath(path)
         st = os.stat(real)
     except (OSError, ValueError):  # absent, unreadable; ValueError: a NUL (refused elsewhere)
-        return os.path.realpath(path) if "\x00" not in path else os.path.normpath(path), None
+        return real, None
     return real, (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 

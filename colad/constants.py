@@ -67,3 +67,10 @@ SUN_PATH_MAX_BYTES: Final = 107
 PID_MAX_DIGITS: Final = 7
 # Unix milliseconds in the plugin socket name (colad-<ms>.sock) have 13 digits until the year 2286.
 PLUGIN_SOCKET_STAMP_DIGITS: Final = 13
+
+# While a kernel inotify limit (fs.inotify.max_user_instances or max_user_watches, shared by every
+# process of the uid) keeps a watch out, discovery and kubelet-watch look at their directories this
+# often (seconds) and try inotify again; the roles report it in their Stats under these keys.
+DEGRADED_POLL_S = 1.0
+INOTIFY_DEGRADED = "inotify_degraded."  # + the limit's name: 1 while it keeps a watch out, else 0
+INOTIFY_LIMIT_REACHED = "inotify.limit_reached"  # counted on each entry into the degraded mode

@@ -277,6 +277,8 @@ class HealthOutputs:
         masks.update(dict.fromkeys(parents, HOST_PATH_EVENTS))
         keep = sorted(masks, key=lambda d: (d.count("/"), d))[: hostpaths.MAX_WATCH_DIRS]
         wanted = {path: masks[path] for path in keep}
+        for path in self.host_inotify.short - wanted.keys():
+            self.host_inotify.forget(path)  # a watch the limit refused, no longer wanted
         for path, (wd, _) in list(self.host_wds.items()):
             if path not in wanted:  # nothing under it is wanted either (ancestors sort first)
                 del self.host_wds[path]

@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 
-from colad import cdi, device_wire, devices, log, messages, nfd, snapshots, watch
+from colad import cdi, constants, device_wire, devices, log, messages, nfd, snapshots, watch
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
@@ -97,8 +97,11 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         LOG.debug("rescan", reason=reason)
         targets = list(self.watches.values()) if watches is None else list(watches)
         listed = set(whole)
-        if watches is None:
-            self.next_rescan = self.clock() + self.cfg.rescan_interval
+        if watches is None:  # the degraded mode (no inotify for some watch) polls instead
+            every = self.cfg.rescan_interval if self.degraded is None else constants.DEGRADED_POLL_S
+            self.next_rescan = self.clock() + min(every, self.cfg.rescan_interval)
+            if self.degraded is not None:
+                self._sync_host_watches()  # and the host-path watches the limit refused are tried again
         for rw in targets:
             names = None
             try:
@@ -312,8 +315,15 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         cache = self.watches[name].cache
         return len(names) > RELIST_NAMES and sum(n in cache for n in names) > max(RELIST_NAMES, len(cache) // 2)
 
-    def extra_fds(self) -> list[int]:
+    def extra_fds(self) -> list[int | None]:
         return [self.host_inotify.fileno(), *self.runner.fds()]
+
+    def inotifies(self) -> list[watch.Inotify]:
+        return [self.inotify, self.host_inotify]
+
+    def degraded_changed(self) -> None:
+        """Into the degraded mode: poll from now on; out of it: one full rescan for what no event told."""
+        self.next_rescan = self.clock()
 
     def timeout(self) -> float:
         if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colad import constants, log
+from colad import constants, dirpath, log
 from colad import registration as reg
 from colad.config import Resource
 from colad.device_list import FittedList, fit_list
@@ -99,6 +99,8 @@ class Endpoint:
         self.ctx = ctx
         self.resource = resource
         self.name = resource.name
+        # The directory discovery lists (dirpath's rule), for the state file: looked up again at each list.
+        self.listed_dir = dirpath.resolve(resource.device_dir)
         self.broadcast = SentBroadcast()
         self.ignored_prepares: tuple[str, ...] = ()  # devices whose own prepare never runs (warned once)
         self.closing = False  # close() was called: the plugin stops
@@ -272,6 +274,7 @@ class Endpoint:
     def devices_seen(self, physical: DeviceSet, changed: bool, seq: int, dir_present: bool, now: float) -> None:
         first = not self.state.have_devices
         metrics = self.ctx.metrics
+        self.listed_dir = dirpath.resolve(self.resource.device_dir)
         if changed:
             metrics.device_set_changes.labels(self.name).inc()
         if changed or first:
@@ -330,7 +333,7 @@ class Endpoint:
         stats = stats_of(advertised)  # once per set; carried over a delta (snapshots.Receiver) and replicas
         return ResourceState(
             name=self.name,
-            device_dir=self.resource.device_dir,
+            device_dir=self.listed_dir,
             replicas=self.resource.replicas,
             state=state.phase.value,
             registered=state.phase is reg.Phase.REGISTERED,

@@ -8,6 +8,7 @@ before acting: this role says "look". (kubelet.sock's identity, colad's sockets)
 
 from __future__ import annotations
 
+import os
 import time
 
 from colad import config as config_mod
@@ -39,7 +40,8 @@ class KubeletWatch(watch.WatcherLoop):
         return not name or name == constants.KUBELET_SOCKET_NAME or is_plugin_socket_name(name)
 
     def look(self, reason: str) -> None:
-        state = (socket_identity(self.cfg.kubelet_socket), plugin_sockets(self.cfg.kubelet_dir))
+        where = self.kubelet_dir.path  # the directory watched, as resolved at its last look
+        state = (socket_identity(os.path.join(where, constants.KUBELET_SOCKET_NAME)), plugin_sockets(where))
         if state == self.last:
             return
         previous, self.last = self.last, state
@@ -67,8 +69,8 @@ class KubeletWatch(watch.WatcherLoop):
                 reason = "overflow" if event.overflow else "inotify"
         if self.kubelet_dir.ensure():
             reason = reason or "directory changed"
-        if reason:
-            self.look(reason)
+        if reason or self.degraded is not None:  # degraded: each turn (at most DEGRADED_POLL_S) looks
+            self.look(reason or "poll")
         self.finish(time.monotonic())
 
     def timeout(self) -> float | None:

@@ -28,7 +28,7 @@ from colad.errors import ConfigError, InstanceError
 from colad.framing import Peer
 from colad.kubeletdir import socket_identity
 from colad.metrics import Metrics
-from colad.plugin_health import Published, readiness, verdict
+from colad.plugin_health import Published, degraded, readiness, verdict
 from colad.plugin_sockets import Sockets
 from colad.socketpath import SocketRecord
 
@@ -91,6 +91,7 @@ class Plugin:
         self.errors: list[float] = []
         self.last_reload: statefile.ReloadResult | None = None
         self.discovery_heard = clock()  # from the start: a discovery that never reports is silent too
+        self.degraded: dict[str, str] = {}  # role -> its degraded mode as its last Stats said ("" none)
         self.published = Published(statefile.PluginState(pid=os.getpid()), self.discovery_heard, cfg.rescan_interval)
         self.state_due: float | None = None  # when the state file must catch up with `published` (None: it has)
         self.state_written = -STATE_FILE_INTERVAL  # monotonic time of the last write
@@ -130,6 +131,7 @@ class Plugin:
             config_file=self.cfg.config_file,
             reload=self.last_reload,
             kubelet=self.kubelet_now,
+            degraded=tuple(text for _, text in sorted(self.degraded.items()) if text),
         )
         held, changed = self.published, state != self.published.state  # the one deep comparison
         kept = state if changed else held.state  # unchanged: the same object, compared by identity below
@@ -181,6 +183,7 @@ class Plugin:
         self.metrics.queue_events["received"] += 1
         if isinstance(message, messages.Stats):
             self.metrics.peers.update(message.role, peer.pid, message.counters)
+            self.degraded[message.role] = degraded(message.role, message.counters)
             if message.role == "discovery":
                 self.discovery_heard = at
             return

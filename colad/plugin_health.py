@@ -19,6 +19,20 @@ SILENT_INTERVALS = 3
 SILENT_SLACK = 10.0
 
 
+def degraded(role: str, counters: tuple[tuple[str, int], ...]) -> str:
+    """What a role's Stats say of its degraded mode ("" when it watches with inotify).
+
+    Degraded is healthy and ready: the role polls every DEGRADED_POLL_S, so a change reaches the
+    kubelet within that interval; a restart would not free the inotify budget other root processes
+    hold, and an unready pod would stall a DaemonSet's rollout over a node-local shortage.
+    """
+    for name, value in counters:
+        if value and name.startswith(constants.INOTIFY_DEGRADED):
+            limit = name[len(constants.INOTIFY_DEGRADED) :]
+            return f"{role} polls every {constants.DEGRADED_POLL_S:g}s (inotify limit fs.inotify.{limit} reached)"
+    return ""
+
+
 @dataclass(frozen=True)
 class Published:
     """What the life-cycle thread publishes (one attribute assignment) for the other threads."""
@@ -67,7 +81,7 @@ def readiness(published: Published, now: float) -> tuple[bool, str]:
         problems.append(silent)
     if problems:
         return False, "; ".join(problems)
-    return True, "ready: " + "; ".join(f"{r.name}, {r.devices} devices" for r in state.resources)
+    return True, "ready: " + "; ".join(f"{r.name}, {r.devices} devices" for r in state.resources) + _degraded(state)
 
 
 def verdict(published: Published, roles: list[str] | None, now: float) -> tuple[bool, str]:
@@ -94,4 +108,8 @@ def verdict(published: Published, roles: list[str] | None, now: float) -> tuple[
         return False, "; ".join(problems)
     parts = [f"{r.name}, {r.devices} devices" for r in resources]
     unchecked = "" if roles is not None else " (not under supervisord: roles not checked)"
-    return True, "ok: registered as " + "; ".join(parts) + unchecked
+    return True, "ok: registered as " + "; ".join(parts) + unchecked + _degraded(published.state)
+
+
+def _degraded(state: PluginState) -> str:
+    return "; degraded: " + "; ".join(state.degraded) if state.degraded else ""

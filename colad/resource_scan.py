@@ -158,7 +158,7 @@ class ResourceWatch:
         keeps the last devices, each Unhealthy with the reason (and its cache).
         """
         try:
-            names, present = list_regular_files(self.resource.device_dir)
+            names, present = list_regular_files(self.dir.path)
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             problem = f"device directory unusable: {code} {exc.strerror}"
@@ -180,7 +180,7 @@ class ResourceWatch:
             known = self.cache.get(device_id)
             if known is None or not known.trusted or dirty is None or device_id in dirty:
                 started = clock()
-                known = read_device(device_id, os.path.join(self.resource.device_dir, device_id), known)
+                known = read_device(device_id, os.path.join(self.dir.path, device_id), known)
                 took = clock() - started
                 if took > SLOW_READ_S:
                     slow.append((device_id, took))
@@ -220,7 +220,7 @@ class ResourceWatch:
         moved = Moved(problems=dict(self.warned), names=sorted(set(names)))
         for name in moved.names:
             moved.problems.pop(name, None)
-            known, path = self.cache.get(name), os.path.join(self.resource.device_dir, name)
+            known, path = self.cache.get(name), os.path.join(self.dir.path, name)
             problem = devices.id_problem(name)
             if problem is None and len(name) > self.max_id:
                 problem = f"longer than {self.max_id} characters (room for the replica suffix)"

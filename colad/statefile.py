@@ -140,6 +140,7 @@ class PluginState:
     healthy: bool | None = None  # the /healthz verdict, when the writer computed one
     health: str = ""
     kubelet: str = ""  # identity of kubelet.sock as the plugin last saw it by stat() ("" absent)
+    degraded: tuple[str, ...] = ()  # roles polling for an inotify limit, one text each (plugin_health.degraded)
 
     def waiting(self) -> ResourceState | None:
         """The first resource not registered, else the first: the flat top-level fields describe it."""
@@ -215,6 +216,7 @@ def to_json(state: PluginState) -> dict[str, object]:
         "reload": _reload_json(state.reload),
         "kubelet": state.kubelet,
         **({} if state.healthy is None else {"health": {"ok": state.healthy, "reason": state.health}}),
+        **({"degraded": list(state.degraded)} if state.degraded else {}),
     }
 
 
@@ -328,7 +330,14 @@ def from_json(raw: object) -> PluginState:
         healthy=bool(health.get("ok")) if isinstance(health, dict) else None,
         health=str(health.get("reason", "")) if isinstance(health, dict) else "",
         kubelet=_str(raw, "kubelet"),
+        degraded=_texts(raw.get("degraded", [])),
     )
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise StateFileError("degraded: not a list of strings")
+    return tuple(value)
 
 
 def read_raw(path: str) -> dict[str, object]:

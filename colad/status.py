@@ -253,6 +253,8 @@ def render(report: dict[str, Any]) -> str:
         )
     for waiting in report.get("waiting", ()):
         lines.append(f"waiting: {waiting}")
+    for text in statefile.from_json(plugin).degraded if plugin else ():
+        lines.append(f"degraded: {text}")
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)

@@ -153,6 +153,7 @@ def write_conf(path: str, text: str) -> None:
 # supervisord takes ~0.15 s from exec to its pid file; far past this something is wrong, and the
 # waker's absence costs only supervisord's own one-second tick.
 WAKE_DEADLINE = 10.0
+WAKE_POLL_S = 0.05  # how often it looks for the pid file when no inotify watch could be added
 
 
 def _parsed(conf_text: str) -> configparser.RawConfigParser:
@@ -234,7 +235,11 @@ def _wake(parent: int, pidfile: str, sock_path: str) -> int:
 
     started = time.monotonic()
     inotify = watch.Inotify()
-    inotify.add(os.path.dirname(pidfile), pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_ONLYDIR)
+    watched = inotify.add(
+        os.path.dirname(pidfile), pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_ONLYDIR
+    )
+    # An inotify limit in the way (shared with every root process): look at the pid file this often.
+    every = WAKE_DEADLINE if watched is not None else WAKE_POLL_S
     try:
         gone: int | None = os.pidfd_open(parent)  # readable once supervisord exited
     except ProcessLookupError:
@@ -244,10 +249,12 @@ def _wake(parent: int, pidfile: str, sock_path: str) -> int:
         gone = None
     while not _written_by(pidfile, parent):  # checked after the watch is added: no write can slip past
         remaining = started + WAKE_DEADLINE - time.monotonic()
-        ready = watch.poll([inotify.fileno(), gone], remaining) if remaining > 0 else set()
+        ready = watch.poll([inotify.fileno(), gone], min(remaining, every)) if remaining > 0 else set()
         if gone is not None and gone in ready:
             LOG.info("supervisord waker done: supervisord exited before it started")
             return 1
+        if not ready and remaining > every:
+            continue
         if not ready:
             LOG.warning("supervisord not woken: no pid file in time", pidfile=pidfile, waited_s=WAKE_DEADLINE)
             return 1

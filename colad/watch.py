@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable
 
 import pyinotify
 
-from colad import constants, log, proc
+from colad import constants, dirpath, log, proc
 from colad.config import Config
 from colad.errors import ConfigError
-from colad.inotify import Event, Inotify
+from colad.inotify import INSTANCES, WATCHES, Event, Inotify
 from colad.queue_client import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
@@ -66,11 +66,13 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 
 class DirWatch:
+    """A watch on the directory `configured` leads to, resolved by dirpath's one rule at every look."""
+
     def __init__(self, inotify: Inotify, path: str, mask: int) -> None:
         self.inotify = inotify
-        self.path = os.path.normpath(path)
-        self.parent = os.path.dirname(self.path)
-        self.name = os.path.basename(self.path)
+        self.configured = path
+        self.path = dirpath.resolve(path)  # what is watched, and what the role lists and reads
+        self.parent, self.name = dirpath.entry(path)
         self.mask = mask | pyinotify.IN_ONLYDIR
         self.wd: int | None = None
         self.parent_wd: int | None = None
@@ -87,21 +89,36 @@ class DirWatch:
         if not self.stale and self.checked == self.inotify.generation and None not in (self.wd, self.parent_wd):
             return False  # both watches hold, and no event, mount change or timer since the last stat()
         self.stale, self.checked = False, self.inotify.generation
+        # Resolved again: a link on the way may point elsewhere now (an event on its name, or the timer).
+        path, parent = dirpath.resolve(self.configured), dirpath.entry(self.configured)
+        if parent != (self.parent, self.name):
+            self.inotify.forget(self.parent)
+            self.parent, self.name = parent
+            self.parent_wd = None  # the old one is left to the kernel: another DirWatch may share it
+        moved = path != self.path
+        if moved:
+            self.inotify.forget(self.path)
+            self.path = path
+            if self.wd is not None:
+                self.inotify.remove(self.wd)
+                self.wd = None
         if self.parent_wd is None:
             self.parent_wd = self.inotify.add(self.parent, NAME_EVENTS | pyinotify.IN_ONLYDIR)
         identity = _identity(self.path)
-        if identity == self.identity and (identity is None or self.wd is not None):
+        if not moved and identity == self.identity and (identity is None or self.wd is not None):
             return False
         if self.wd is not None:
             self.inotify.remove(self.wd)
             self.wd = None
         if identity is not None:
             self.wd = self.inotify.add(self.path, self.mask)
-            if self.wd is None:
+            if self.wd is None and self.inotify.limit is None:
                 identity = None  # vanished between stat and add_watch; the parent watch will tell us
-        changed = identity != self.identity
+        changed = moved or identity != self.identity
         if changed:
-            LOG.info("watching directory" if identity else "directory absent", path=self.path)
+            LOG.info(
+                "watching directory" if identity else "directory absent", path=self.path, configured=self.configured
+            )
         self.identity = identity
         return changed
 
@@ -118,6 +135,7 @@ class DirWatch:
         if self.wd is not None:
             self.inotify.remove(self.wd)
             self.wd = None
+        self.inotify.forget(self.path)
         self.identity = None
 
     def note(self, event: Event) -> None:
@@ -228,8 +246,47 @@ class WatcherLoop:
         self.reload_requested = False
         self.waker: SignalWaker | None = None
         self.recheck_at = 0.0  # monotonic time after which a wake-up stat()s every watched directory
+        self.degraded: str | None = None  # the inotify limit that keeps a watch out: the role polls
+
+    def inotifies(self) -> list[Inotify]:
+        """Every inotify instance of the role (discovery has a second, for host paths)."""
+        return [self.inotify]
+
+    def note_limits(self) -> bool:
+        """Try again what a kernel inotify limit refused; enter or leave the degraded mode, in which the
+        role looks at its directories every DEGRADED_POLL_S: one WARNING (counted) in, one INFO out.
+        True when the mode changed (the Stats that say so are due)."""
+        for inotify in self.inotifies():
+            inotify.retry()
+        held = next((i for i in self.inotifies() if i.limit is not None), None)
+        limit = held.limit if held is not None else None
+        if limit == self.degraded:
+            return False
+        for name in (INSTANCES, WATCHES):
+            self.stats.counters[constants.INOTIFY_DEGRADED + name] = int(name == limit)
+        if limit is not None and self.degraded is None:
+            self.stats.count(constants.INOTIFY_LIMIT_REACHED)
+            LOG.warning(
+                "inotify limit reached: polling the watched directories instead",
+                role=self.role,
+                limit=f"fs.inotify.{limit}",
+                error=held.error if held is not None else "",
+                poll_interval_s=constants.DEGRADED_POLL_S,
+            )
+        elif limit is None:
+            LOG.info("inotify available again: watching", role=self.role, was=f"fs.inotify.{self.degraded}")
+        self.degraded = limit
+        self.degraded_changed()
+        return True
+
+    def degraded_changed(self) -> None:
+        """Hook: the degraded mode began, changed or ended (`self.degraded`)."""
 
     def wait(self, timeout: float | None) -> list[Event] | None:
+        if self.note_limits():
+            timeout = 0.0  # the role's timeout came before the news: this turn reports it
+        if self.degraded is not None:  # nothing would wake us for a change: look again soon
+            timeout = constants.DEGRADED_POLL_S if timeout is None else min(timeout, constants.DEGRADED_POLL_S)
         waker_fd = self.waker.fileno() if self.waker else None
         fds = [self.inotify.fd, self.client.fileno(), waker_fd, *self.extra_fds()]
         readable = poll(fds, timeout, priority=[self.mounts.fileno()])
@@ -269,7 +326,7 @@ class WatcherLoop:
     def apply_config(self, previous: Config) -> None:
         """Hook: the role adopts `self.cfg`, which replaced `previous`."""
 
-    def extra_fds(self) -> list[int]:
+    def extra_fds(self) -> list[int | None]:
         """Hook: more fds whose readiness ends the wait (the role reads them itself after wait())."""
         return []
 

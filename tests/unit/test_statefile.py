@@ -71,6 +71,7 @@ def test_round_trip_through_the_file(tmp_path: Path) -> None:
         metrics_address="127.0.0.1:9400",
         config_file="/etc/colad.toml",
         reload=ReloadResult(at=5.0, ok=True, added=("a",), deferred=("run_dir",)),
+        degraded=("discovery polls every 1s (inotify limit fs.inotify.max_user_watches reached)",),
     )
     path = str(tmp_path / "state" / "plugin.json")
     assert statefile.write(path, state)
