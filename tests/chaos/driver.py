@@ -36,6 +36,7 @@ from colad.queue import frame
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.service import PROGRAMS, ColadService
+from tests.userns import InotifyLimits
 
 NOBODY = 65534
 RESOURCE = "myway5.com/cola"
@@ -75,7 +76,11 @@ class Chaos:
         self.rng = random.Random(self.seed)
         self.kubelet = FakeKubelet(self.root / "kubelet")
         # A short Register timeout, so a hanging kubelet is a quick fault to inject.
-        self.colad = ColadService(self.root, extra_env={"COLAD_LOG_LEVEL": "INFO", "COLAD_REGISTER_TIMEOUT": "1"})
+        # In a user namespace of its own, whose inotify limits inotify_limits lowers (the machine's stay).
+        self.limits = InotifyLimits(self.root)
+        self.colad = ColadService(
+            self.root, extra_env={"COLAD_LOG_LEVEL": "INFO", "COLAD_REGISTER_TIMEOUT": "1"}, python=self.limits.python
+        )
         # The resource comes from the file, not COLAD_DEVICE_DIR, so a reload can try to change it.
         del self.colad.env["COLAD_DEVICE_DIR"]
         self.config = Path(self.colad.env["COLAD_CONFIG"])
@@ -84,6 +89,7 @@ class Chaos:
         self.health: dict[str, set[str]] = {}  # devices whose health a fault sets (default: Healthy)
         self.shutdown_guard: list[str] = []
         self.counter = 0
+        self.inotify_recoveries = 0  # "inotify available again" lines so far (two a fault: both watcher roles)
         self.faults: dict[str, Callable[[], None]] = {
             "kubelet_restart": self.kubelet_restart,
             "kubelet_restart_burst": self.kubelet_restart_burst,
@@ -108,6 +114,7 @@ class Chaos:
             "oversized_files": self.oversized_files,
             "slow_files": self.slow_files,
             "config_alias_reload": self.config_alias_reload,
+            "inotify_limits": self.inotify_limits,
         }
 
     # ---- life cycle ----
@@ -292,6 +299,22 @@ class Chaos:
         self.colad.add(*keep, self.name())  # the same devices, now on another filesystem
         self.wait_invariant("dir_remounted (mounted)")
         subprocess.run(["umount", str(self.colad.device_dir)], check=True)
+        self.change_devices()
+
+    def inotify_limits(self) -> None:
+        """The uid's inotify instances or watches used up (by other root daemons): the watcher roles,
+        started again now, get none and poll; once the limits are restored they watch again."""
+        kind = self.rng.choice(["instances", "watches"])
+        self.limits.set(**{kind: 0})
+        try:
+            old = {role: self.colad.kill(role) for role in ("discovery", "kubelet-watch")}
+            self.colad.wait_running(exclude_pids=old, timeout=self.deadline)
+            self.change_devices()
+            self.wait_invariant(f"inotify_limits ({kind} used up)")
+        finally:
+            self.limits.lift()
+        self.colad.wait_log("inotify available again", timeout=self.deadline, count=self.inotify_recoveries + 2)
+        self.inotify_recoveries += 2
         self.change_devices()
 
     # ---- faults: the local queue ----
