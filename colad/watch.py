@@ -114,6 +114,8 @@ class DirWatch:
             self.wd = self.inotify.add(self.path, self.mask)
             if self.wd is None and self.inotify.limit is None:
                 identity = None  # vanished between stat and add_watch; the parent watch will tell us
+        if identity is None:
+            self.inotify.forget(self.path)  # nothing to watch there now: the parent's watch tells when there is
         changed = moved or identity != self.identity
         if changed:
             LOG.info(
