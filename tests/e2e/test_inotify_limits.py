@@ -101,3 +101,38 @@ def test_a_used_up_inotify_limit_degrades_to_polling_then_recovers(
     colad.add("sprite")
     kubelet.wait_devices({"cocacola", "fanta", "sprite"}, timeout=5)
     print(f"limit={name} removed_device_left_in_s={removed_s:.2f}")
+
+
+@pytest.fixture
+def unlimited(short_tmp: Path) -> Iterator[tuple[ColadService, InotifyLimits]]:
+    limits = InotifyLimits(short_tmp)
+    colad = ColadService(short_tmp, python=limits.python, extra_env={"COLAD_RESCAN_INTERVAL": "30"})
+    colad.add(*BASE)
+    colad.start()
+    yield colad, limits
+    rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def test_the_watch_limit_used_up_while_running_degrades_discovery_until_lifted(
+    unlimited: tuple[ColadService, InotifyLimits], kubelet: FakeKubelet
+) -> None:
+    colad, limits = unlimited
+    kubelet.wait_devices(BASE, timeout=30)
+    limits.set(watches=0)  # the watches held stay; a new one is refused
+    try:
+        # The device directory replaced: its new inode needs a new watch, which the limit refuses.
+        colad.device_dir.rename(colad.device_dir.with_name("colas.old"))
+        colad.device_dir.mkdir()
+        colad.add("fanta")
+        kubelet.wait_devices({"fanta"}, timeout=DEGRADED_POLL_S + SLACK)
+        wait_until(lambda: role_lines(colad, "inotify limit reached", "discovery"), 10, "discovery's warning")
+        colad.remove("fanta")
+        kubelet.wait_devices(set(), timeout=DEGRADED_POLL_S + SLACK)  # by polling: no watch on the directory
+    finally:
+        limits.lift()
+    wait_until(lambda: role_lines(colad, "inotify available again", "discovery"), 10, "discovery watching again")
+    colad.add("sprite")
+    kubelet.wait_devices({"sprite"}, timeout=5)
+    assert len(role_lines(colad, "inotify limit reached", "discovery")) == 1
+    assert not role_lines(colad, "inotify limit reached", "kubelet-watch")  # its watches were all held
