@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from colad import constants, dirpath
+from colad import constants, dirpath, trust
 from colad.config_checks import (
     CDI_MODES,
     address_problem,
@@ -25,6 +25,8 @@ from colad.config_checks import (
     label_prefix_problem,
     level_problem,
     max_devices_in_list,
+    owner_uids,
+    owners_problem,
     path_problem,
     policy_problem,
     positive_problem,
@@ -143,6 +145,9 @@ class Config:
     # Seconds after which NFD drops colad's labels unless the file is rewritten: a node whose colad
     # is gone for good stops claiming devices. Discovery rewrites it at least every third of this.
     nfd_expiry: float = 3600.0
+    # Users besides root whose device files and directories are trusted (trust.py): names or uids,
+    # held as the uids they named when loaded.
+    trusted_owners: tuple[str, ...] = ()
     # Path of the file this config was read from ("" = none), for `colad supervise`.
     config_file: str = ""
     # The file's [[resources]] tables; empty = the one resource of the top-level keys.
@@ -161,6 +166,11 @@ class Config:
                 self.probe, self.probe_timeout, self.probe_interval, self.prepare, self.prepare_timeout,
             ),
         )  # fmt: skip
+
+    @property
+    def trusted_uids(self) -> frozenset[int]:
+        """root and the uids of trusted_owners."""
+        return trust.trusted_uids(int(uid) for uid in self.trusted_owners)
 
     @property
     def kubelet_socket(self) -> str:
@@ -241,6 +251,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "nfd_features_file": lambda v: None if v == "" else path_problem(v),
     "nfd_label_prefix": label_prefix_problem,
     "nfd_expiry": expiry_problem,
+    "trusted_owners": owners_problem,
 }
 
 
@@ -310,6 +321,8 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         final["run_dir"] = str(final["run_dir"]).rstrip("/") or "/"
     if "log_level" in final:
         final["log_level"] = str(final["log_level"]).upper()
+    if "trusted_owners" in final:  # resolved once: a user deleted later changes nothing
+        final["trusted_owners"] = owner_uids(final["trusted_owners"])  # type: ignore[arg-type]
     pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
     cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
     problems.extend(directory_problems(cfg, labels, sources, source, failed))

@@ -186,6 +186,38 @@ def command_problem(value: tuple[str, ...]) -> str | None:
     return devices_command_problem(value)
 
 
+MAX_TRUSTED_OWNERS = 64
+MAX_UID = 2**32 - 2  # (uid_t)-1 is no user: chown's "leave unchanged"
+
+
+def _owner_uid(owner: str) -> int | None:
+    """The uid `owner` (a user name, or a uid in decimal) names on this host, or None."""
+    if owner.isascii() and owner.isdigit():
+        uid = int(owner)
+        return uid if uid <= MAX_UID else None
+    import pwd  # noqa: PLC0415 - only for a config that names a user
+
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except (KeyError, ValueError, UnicodeEncodeError):  # ValueError: an embedded NUL
+        return None
+
+
+def owners_problem(value: tuple[str, ...]) -> str | None:
+    """Why `value` is not a list of users (names known on this host, or uids), or None."""
+    if len(value) > MAX_TRUSTED_OWNERS:
+        return f"has more than {MAX_TRUSTED_OWNERS} entries"
+    for owner in value:
+        if _owner_uid(owner) is None:
+            return f"names {show(owner)}, which is neither a user of this host nor a uid 0..{MAX_UID}"
+    return None
+
+
+def owner_uids(value: tuple[str, ...]) -> tuple[str, ...]:
+    """`value` (checked by owners_problem) as the uids it names, in decimal, sorted, each once."""
+    return tuple(str(uid) for uid in sorted({_owner_uid(owner) or 0 for owner in value}))
+
+
 def prepare_timeout_problem(value: float) -> str | None:
     limit = PRE_START_DEADLINE - PRE_START_MARGIN
     if 0 < value <= limit:

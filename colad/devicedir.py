@@ -2,11 +2,14 @@
 
 Reads: the directory's entries (d_type, no stat per file) and each device file, again only
 when its inode, size or times changed and never while its timestamps are racily clean
-(git's rule). Writes nothing; devicefile.py parses the content. Neighbour: discovery.py.
+(git's rule); the owner and mode of each file (from the fd it reads) and of every directory
+on the way to the device directory, for trust.py's rule. Writes nothing; devicefile.py
+parses the content. Neighbour: discovery.py.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -14,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from colad import device_wire, devicefile
+from colad import device_wire, devicefile, trust
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device
 
@@ -112,13 +115,21 @@ def empty_file_device(device_id: str) -> Cached:
 
 
 def read_device(
-    device_id: str, path: str, known: Cached | None, *, now_ns: Callable[[], int] = time.time_ns
+    device_id: str,
+    path: str,
+    known: Cached | None,
+    *,
+    now_ns: Callable[[], int] = time.time_ns,
+    trusted: frozenset[int] = trust.ROOT_ONLY,
 ) -> Cached | None:
     """The device in file `path`, re-read only when its identity, size or times changed; None if gone.
 
     A key read within RACY_WINDOW_NS of its file's last change is not trusted:
     the file is read again. An empty file is a bare healthy device (no open, never racy).
-    Anything unreadable is an Unhealthy device with the reason, never an exception.
+    A file trust.file_problem refuses (owned by a uid not in `trusted`, or writable by group
+    or others) is an Unhealthy device with the reason and nothing else: its content is not
+    read. The rule is applied to the lstat, and again to the fstat of the fd the content
+    comes from. Anything unreadable is an Unhealthy device with the reason, never an exception.
     """
     read_ns = now_ns()  # before the stat: an earlier read time only makes more entries racy
     try:
@@ -129,16 +140,24 @@ def read_device(
         return Cached.of(None, Device(device_id, UNHEALTHY, problem=f"cannot stat: {exc.strerror}"), read_ns)
     if not stat.S_ISREG(st.st_mode):
         return None
+    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    # A chown or chmod changes the ctime, so the key: an unchanged key keeps its verdict.
+    untrusted = trust.file_problem(path, st.st_mode, st.st_uid, trusted)
+    if untrusted is not None:
+        return _refused(device_id, key, untrusted, known, read_ns)
     if st.st_size == 0:  # its content is its size: nothing else to compare, never racy
         return known if known is not None and known.key == EMPTY_KEY else _kept(empty_file_device(device_id), known)
-    key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if known is not None and known.key == pack_key(key) and known.settles_ns is None:
         return known
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
                 return None
+            untrusted = trust.file_problem(path, opened.st_mode, opened.st_uid, trusted)
+            if untrusted is not None:  # changed hands between the lstat and the open
+                return _refused(device_id, key, untrusted, known, read_ns)
             data = os.read(fd, devicefile.MAX_FILE_BYTES + 1)
         finally:
             os.close(fd)
@@ -147,6 +166,67 @@ def read_device(
     except OSError as exc:
         return Cached.of(key, Device(device_id, UNHEALTHY, problem=f"cannot read: {exc.strerror}"), read_ns)
     return _kept(Cached.of(key, devicefile.parse(device_id, data), read_ns), known)
+
+
+def _refused(
+    device_id: str, key: tuple[int, int, int, int], untrusted: str, known: Cached | None, read_ns: int
+) -> Cached:
+    """An untrusted file's device: Unhealthy, its `problem` the reason, carrying nothing of the file."""
+    if known is not None and known.key == pack_key(key) and known.settles_ns is None:
+        return known
+    return _kept(Cached.of(key, Device(device_id, UNHEALTHY, problem=untrusted), read_ns), known)
+
+
+# The kernel follows at most 40 symbolic links in one path lookup (fs/namei.c MAXSYMLINKS).
+MAX_SYMLINKS = 40
+
+
+def directory_chain(path: str) -> list[tuple[str, int, int]]:
+    """(path, mode, uid) of every directory a name is looked up in on the way to the directory
+    `path`, from / down, `path` itself (resolved) last: whoever can write one of them can
+    change what `path` names. Symbolic links are followed as the kernel does, so the
+    directories holding each link count too. Raises OSError (FileNotFoundError: a part is
+    missing, NotADirectoryError: `path` or a part is no directory, ELOOP).
+    """
+    root = os.lstat("/")
+    chain: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}
+    current, parts, links = "/", [p for p in path.split("/") if p], 0
+    while parts:
+        name = parts.pop(0)
+        if name == ".":
+            continue
+        if name == "..":  # physical: `current` never holds a symbolic link
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        st = os.lstat(candidate)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            target = os.readlink(candidate)
+            parts[:0] = [p for p in target.split("/") if p]
+            if target.startswith("/"):
+                current = "/"
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), candidate)
+        chain.setdefault(candidate, (st.st_mode, st.st_uid))
+        current = candidate
+    last = chain.pop(current)  # the device directory goes last, wherever a link first led through it
+    return [(p, mode, uid) for p, (mode, uid) in chain.items()] + [(current, *last)]
+
+
+def directory_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:
+    """Why the device directory `path`, or a directory on the way to it, is not trusted, or None.
+
+    None too when it cannot be looked at (missing, ELOOP, EACCES): listing it says why.
+    """
+    try:
+        chain = directory_chain(path)
+    except OSError:
+        return None
+    return trust.chain_problem(chain, trusted)
 
 
 def _kept(read: Cached, known: Cached | None) -> Cached:

@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 
-from colad import cdi, constants, device_wire, devices, log, messages, nfd, snapshots, watch
+from colad import cdi, constants, device_wire, devices, log, messages, nfd, snapshots, trust, watch
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
@@ -73,7 +73,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.trim_due = False  # this turn read TRIM_AFTER_NAMES names or more: trimmed after its outputs
 
     def _watch(self, resource: Resource) -> ResourceWatch:
-        return ResourceWatch(self.inotify, resource, DeviceHealth(resource, self.cfg.host_path_check, self.runner))
+        health = DeviceHealth(resource, self.cfg.host_path_check, self.runner)
+        return ResourceWatch(self.inotify, resource, health, self.cfg.trusted_uids)
 
     @property
     def current(self) -> devices.DeviceSet | None:
@@ -128,7 +129,9 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     def _rescan_one(self, rw: ResourceWatch, reason: str, dirty: set[str] | None, whole: bool = True) -> None:
         """Rescan `rw`: only the `dirty` names when the events named them all (not `whole`) and the set
         held is the whole directory, else list it again (re-reading `dirty` and the untrusted entries)."""
-        if dirty is not None and not whole and rw.whole:
+        # A directory on the way that stopped being trusted sends no event here (only the device
+        # directory's own chmod does): the O(change) path looks too, and lists anew if so.
+        if dirty is not None and not whole and rw.whole and rw.untrusted() is None:
             self._rescan_named(rw, reason, dirty)
             return
         scanned = rw.scan(dirty, clock=self.clock)
@@ -136,7 +139,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._note_directory(rw, scanned.unusable)
         self._note_slow(rw, scanned.slow)
         if scanned.unusable is None:
-            self.stats.count("input.bad_name", rw.report(scanned.problems))
+            self._count(rw.report(scanned.problems))
         self._schedule(rw, scanned.unusable, scanned.settles_in)
         present = scanned.present
         unsized = messages.DeviceSnapshot(self.epoch, 0, scanned.devices, present, rw.resource.name)
@@ -159,7 +162,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         moved = rw.rescan_names(names, clock=self.clock)
         self.trim_due = self.trim_due or len(names) >= TRIM_AFTER_NAMES
         self._note_slow(rw, moved.slow)
-        self.stats.count("input.bad_name", rw.report(moved.problems, moved.names))
+        self._count(rw.report(moved.problems, moved.names))
         self._schedule(rw, None, rw.settles_in())
         if not moved.came and not moved.removed:
             return
@@ -219,6 +222,10 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
                 changed=",".join(change.changed),
             )
 
+    def _count(self, counts: dict[str, int]) -> None:
+        for name, by in counts.items():
+            self.stats.count(name, by)
+
     def _note_slow(self, rw: ResourceWatch, slow: Iterable[tuple[str, float]]) -> None:
         for name, took in slow:
             LOG.warning("device file slow to read", resource=rw.resource.name, device=name, seconds=round(took, 3))
@@ -234,8 +241,17 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
             rw.follow_up = None
 
     def _note_directory(self, rw: ResourceWatch, unusable: str | None) -> None:
-        """One line when a directory becomes unusable (or fails differently), one when it heals."""
-        if unusable is not None and unusable != rw.unusable:
+        """One line when a directory becomes unusable or untrusted (or fails differently), one when it heals."""
+        if unusable is not None and unusable != rw.unusable and unusable.startswith(trust.UNTRUSTED):
+            LOG.error(
+                "device directory untrusted: refused, its devices are Unhealthy until it is fixed",
+                resource=rw.resource.name,
+                device_dir=rw.resource.device_dir,
+                reason=unusable[len(trust.UNTRUSTED) :],
+                devices=len(rw.current or ()),
+            )
+            self.stats.count("input.untrusted_dir")
+        elif unusable is not None and unusable != rw.unusable:
             LOG.error(
                 "device directory unusable: its devices are Unhealthy until it can be listed",
                 resource=rw.resource.name,
@@ -245,7 +261,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
             )
             self.stats.count("input.dir_unusable")
         elif unusable is None and rw.unusable is not None:
-            LOG.info("device directory usable again", resource=rw.resource.name, device_dir=rw.resource.device_dir)
+            again = "trusted" if rw.unusable.startswith(trust.UNTRUSTED) else "usable"
+            LOG.info(f"device directory {again} again", resource=rw.resource.name, device_dir=rw.resource.device_dir)
         rw.unusable = unusable
 
     def _note_cut(self, rw: ResourceWatch, fitted: Fitted) -> None:
@@ -346,7 +363,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         """A reload: stop watching removed resources, watch and scan new or changed ones."""
         self._apply_outputs(previous)
         wanted = {r.name: r for r in self.cfg.resources}
-        recheck = self.cfg.host_path_check != previous.host_path_check  # every device is looked at anew
+        # Every device is looked at anew.
+        recheck = (self.cfg.host_path_check, self.cfg.trusted_uids) != (previous.host_path_check, previous.trusted_uids)
         for name in [n for n, rw in self.watches.items() if recheck or wanted.get(n) != rw.resource]:
             rw = self.watches.pop(name)
             rw.dir.close()

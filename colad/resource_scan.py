@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import pyinotify
 
-from colad import device_wire, devices, log, watch
+from colad import device_wire, devices, log, trust, watch
 from colad.config import Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.device_health import DeviceHealth
 from colad.devicedir import Cached as _Cached
-from colad.devicedir import is_regular_file, list_regular_files, read_device
+from colad.devicedir import directory_problem, is_regular_file, list_regular_files, read_device
 from colad.devices import Device
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
@@ -99,8 +99,15 @@ def _size(known: _Cached | None, device: Device) -> int:
 class ResourceWatch:
     """One resource's device directory: its watch, its files' parsed devices, its last snapshot."""
 
-    def __init__(self, inotify: watch.Inotify, resource: Resource, health: DeviceHealth | None = None) -> None:
+    def __init__(
+        self,
+        inotify: watch.Inotify,
+        resource: Resource,
+        health: DeviceHealth | None = None,
+        trusted: frozenset[int] = trust.ROOT_ONLY,
+    ) -> None:
         self.resource = resource
+        self.trusted = trusted  # the uids whose device files and directories are honoured (trust.py)
         self.health = health or DeviceHealth(resource, False, None)
         self.shown: dict[str, Device] = {}  # what is advertised per ID of the last scan (health applied)
         self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
@@ -154,17 +161,18 @@ class ResourceWatch:
     def scan(self, dirty: set[str] | None, *, clock: Callable[[], float] = time.monotonic) -> ScanOutcome:
         """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again.
 
-        Racy entries are always read again. A directory that cannot be listed
-        keeps the last devices, each Unhealthy with the reason (and its cache).
+        Racy entries are always read again. A directory that cannot be listed, or that
+        trust.py's rule refuses (it or a directory on the way to it), keeps the last devices,
+        each Unhealthy with the reason (and its cache); nothing new is read from it.
         """
+        untrusted = self.untrusted()
+        if untrusted is not None:
+            return self._refuse(untrusted, untrusted)
         try:
             names, present = list_regular_files(self.dir.path)
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-            problem = f"device directory unusable: {code} {exc.strerror}"
-            kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
-            self.shown = {}
-            return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=f"{code}: {exc.strerror}")
+            return self._refuse(f"device directory unusable: {code} {exc.strerror}", f"{code}: {exc.strerror}")
         # Not devices.build(names): its Device per name would be made to be dropped (10,000 objects, #14).
         ids, problems = devices.valid_ids(names)
         found: list[Device] = []
@@ -180,7 +188,8 @@ class ResourceWatch:
             known = self.cache.get(device_id)
             if known is None or not known.trusted or dirty is None or device_id in dirty:
                 started = clock()
-                known = read_device(device_id, os.path.join(self.dir.path, device_id), known)
+                path = os.path.join(self.dir.path, device_id)
+                known = read_device(device_id, path, known, trusted=self.trusted)
                 took = clock() - started
                 if took > SLOW_READ_S:
                     slow.append((device_id, took))
@@ -200,6 +209,15 @@ class ResourceWatch:
         self.racy = {i: c.settles_ns for i, c in cache.items() if c.settles_ns is not None}
         found_set = devices.DeviceSet.of(found)
         return ScanOutcome(found_set, present, problems, settles_in=self.settles_in(), slow=tuple(slow), sizes=sizes)
+
+    def untrusted(self) -> str | None:
+        """Why the device directory or one on the way to it is not trusted now, or None (a few lstats)."""
+        return directory_problem(self.resource.device_dir, self.trusted)
+
+    def _refuse(self, problem: str, unusable: str) -> ScanOutcome:
+        kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
+        self.shown = {}
+        return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=unusable)
 
     def settles_in(self) -> float | None:
         """Seconds until every racy entry can be trusted; None when none is racy."""
@@ -230,7 +248,7 @@ class ResourceWatch:
                     moved.problems[name] = problem
             else:
                 started = clock()
-                found = read_device(name, path, known)
+                found = read_device(name, path, known, trusted=self.trusted)
                 if clock() - started > SLOW_READ_S:
                     moved.slow.append((name, clock() - started))
             self.racy.pop(name, None)
@@ -263,16 +281,25 @@ class ResourceWatch:
             self.racy = {}  # a dict keeps its table when emptied: 200 KiB after a 10,000-file burst settles
         return moved
 
-    def report(self, problems: dict[str, str], names: Iterable[str] | None = None) -> int:
+    def report(self, problems: dict[str, str], names: Iterable[str] | None = None) -> dict[str, int]:
         """Log what changed in this scan's problems (once per problem, again if it comes back later).
 
-        Only `names` (None: all) can have changed. Returns how many names were newly skipped as not valid IDs.
+        Only `names` (None: all) can have changed. Returns the counts to add: names newly
+        skipped as not valid IDs (`input.bad_name`), files newly refused as untrusted.
         """
-        skipped = 0
+        skipped = refused = 0
         for name in sorted(problems) if names is None else [n for n in names if n in problems]:
             problem = problems[name]
             if self.warned.get(name) != problem:
-                if name in self.cache:
+                if name in self.cache and problem.startswith(trust.UNTRUSTED):
+                    refused += 1
+                    LOG.warning(
+                        "device file untrusted: its content is ignored and the device is Unhealthy",
+                        resource=self.resource.name,
+                        device=name,
+                        reason=problem[len(trust.UNTRUSTED) :],
+                    )
+                elif name in self.cache:
                     LOG.warning(
                         "device file malformed: device is Unhealthy",
                         resource=self.resource.name,
@@ -288,4 +315,4 @@ class ResourceWatch:
             if name in self.cache:
                 LOG.info("device file valid again", resource=self.resource.name, device=name)
         self.warned = problems  # a problem that goes and comes back is logged again
-        return skipped
+        return {"input.bad_name": skipped, **({"input.untrusted_file": refused} if refused else {})}

@@ -16,6 +16,7 @@ from colad import files, log
 from colad.constants import UNHEALTHY
 from colad.devices import DeviceSet, base_id
 from colad.errors import ColadError
+from colad.trust import UNTRUSTED
 
 LOG = log.get(__name__)
 
@@ -49,7 +50,8 @@ class SickDevice:
     """One Unhealthy physical device as the state file lists it, and why.
 
     `reason` is the device file's `problem` when `malformed`, else discovery's reason
-    (a missing host path, a failing probe); "" when nothing says why (its file declares it).
+    (a missing host path, a failing probe, an untrusted file or directory: trust.py); ""
+    when nothing says why (its file declares it).
     """
 
     device_id: str
@@ -79,7 +81,9 @@ def _sick_list(advertised: DeviceSet) -> SickList:
     for d in advertised:
         if d.health == UNHEALTHY and base_id(d.device_id) not in first:
             first[base_id(d.device_id)] = SickDevice(
-                base_id(d.device_id), _clip(d.problem or d.reason), malformed=bool(d.problem)
+                base_id(d.device_id),
+                _clip(d.problem or d.reason),
+                malformed=bool(d.problem) and not d.problem.startswith(UNTRUSTED),  # its reason says "untrusted"
             )
     names = sorted(first)
     listed = tuple(first[n] for n in names[:MAX_LISTED_UNHEALTHY])

@@ -151,6 +151,7 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
         ("file.example", "env.example", "flag.example"),
     ),
     "nfd_expiry": (60, "120", 180.5, (60.0, 120.0, 180.5)),
+    "trusted_owners": (["nobody", "1001"], "1002 root", ["0"], (("1001", "65534"), ("0", "1002"), ("0",))),
 }
 
 

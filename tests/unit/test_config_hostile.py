@@ -660,6 +660,7 @@ USABLE: dict[str, list[object]] = {
     "nfd_features_file": ["", "/etc/kubernetes/node-feature-discovery/features.d/colad"],
     "nfd_label_prefix": ["", "colad.example"],
     "nfd_expiry": [60, 3600.0],
+    "trusted_owners": [[], ["root"], ["nobody", "4294967294"]],
 }
 
 

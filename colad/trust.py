@@ -1,0 +1,78 @@
+"""The trust rule: which device files and directories colad, running as root, acts on.
+
+A device file names commands colad runs as root (`probe`, `prepare`) and host paths it hands to
+containers (`mounts`, `device_nodes`), so only what nobody but a trusted owner can write is
+honoured, as sudoers, cron and sshd's StrictModes do. Pure: it takes each path's mode and owner
+(devicedir.py gathers them, from the fd it reads) and returns why it is not trusted, or None.
+"""
+
+from __future__ import annotations
+
+import stat
+
+TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+ROOT_UID = 0
+ROOT_ONLY = frozenset((ROOT_UID,))
+# Every problem of this rule starts so: a device's `problem`, the directory's reason, the state file.
+UNTRUSTED = "untrusted: "
+_WRITABLE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def trusted_uids(owners: Iterable[int]) -> frozenset[int]:
+    """root and `owners`: root can write everything, so it is always trusted."""
+    return ROOT_ONLY.union(owners)
+
+
+def _owner(uid: int, trusted: frozenset[int]) -> str | None:
+    if uid in trusted:
+        return None
+    return f"owned by uid {uid}, which is neither root nor in trusted_owners"
+
+
+def _writers(mode: int) -> str:
+    who = [w for bit, w in ((stat.S_IWGRP, "group"), (stat.S_IWOTH, "others")) if mode & bit]
+    return f"writable by {' and '.join(who)} (mode {stat.S_IMODE(mode):04o})"
+
+
+def file_problem(path: str, mode: int, uid: int, trusted: frozenset[int]) -> str | None:
+    """Why the device file `path` (its mode and owner) is not trusted, or None.
+
+    Trusted: owned by a trusted uid and writable by neither its group nor others.
+    """
+    why = _owner(uid, trusted) or (_writers(mode) if mode & _WRITABLE else None)
+    return None if why is None else f"{UNTRUSTED}{path} is {why}"
+
+
+def directory_problem(path: str, mode: int, uid: int, trusted: frozenset[int], *, device_dir: bool) -> str | None:
+    """Why the directory `path` is not trusted, or None.
+
+    Trusted: owned by a trusted uid and writable by neither its group nor others. An ancestor
+    (not `device_dir`) that others can write is trusted when it is sticky (as /tmp): there only
+    an entry's owner (or the directory's) can rename or remove it, and the next directory on the
+    way is checked in its turn. The device directory itself never: whoever can write it can add
+    a device file.
+    """
+    why = _owner(uid, trusted)
+    if why is None and mode & _WRITABLE and (device_dir or not mode & stat.S_ISVTX):
+        why = _writers(mode)
+    if why is None:
+        return None
+    what = "device directory" if device_dir else "directory"
+    return f"{UNTRUSTED}{what} {path} is {why}"
+
+
+def chain_problem(chain: Iterable[tuple[str, int, int]], trusted: frozenset[int]) -> str | None:
+    """Why the way to a device directory is not trusted, or None: the first problem from / down.
+
+    `chain` is (path, mode, uid) of every directory a name is looked up in on the way, in
+    order, the device directory last (devicedir.directory_chain).
+    """
+    entries = list(chain)
+    for i, (path, mode, uid) in enumerate(entries):
+        why = directory_problem(path, mode, uid, trusted, device_dir=i == len(entries) - 1)
+        if why is not None:
+            return why
+    return None

@@ -1,0 +1,89 @@
+"""The trust rule for device files and directories, as a table over owners, modes and stickiness."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from colad.trust import ROOT_ONLY, UNTRUSTED, chain_problem, directory_problem, file_problem, trusted_uids
+
+pytestmark = pytest.mark.unit
+ROOT, DELEGATE, NOBODY = 0, 1001, 65534
+TRUSTED = trusted_uids([DELEGATE])
+FILE, DIR = 0o100000, 0o040000  # S_IFREG, S_IFDIR
+
+
+@pytest.mark.parametrize(
+    ("uid", "mode", "why"),
+    [
+        (ROOT, 0o644, None),
+        (ROOT, 0o600, None),
+        (ROOT, 0o444, None),
+        (ROOT, 0o4755, None),  # setuid bits say nothing about who can write
+        (DELEGATE, 0o644, None),
+        (DELEGATE, 0o640, None),
+        (ROOT, 0o664, "writable by group (mode 0664)"),
+        (ROOT, 0o646, "writable by others (mode 0646)"),
+        (ROOT, 0o666, "writable by group and others (mode 0666)"),
+        (DELEGATE, 0o660, "writable by group (mode 0660)"),
+        (NOBODY, 0o644, "owned by uid 65534, which is neither root nor in trusted_owners"),
+        (NOBODY, 0o400, "owned by uid 65534, which is neither root nor in trusted_owners"),
+        (NOBODY, 0o666, "owned by uid 65534, which is neither root nor in trusted_owners"),
+    ],
+    ids=lambda v: f"{v:o}" if isinstance(v, int) and v > 0o77 else str(v),
+)
+def test_a_device_file_is_trusted_when_a_trusted_owner_alone_can_write_it(uid: int, mode: int, why: str | None) -> None:
+    problem = file_problem("/etc/colas/cola1", FILE | mode, uid, TRUSTED)
+    assert problem == (None if why is None else f"{UNTRUSTED}/etc/colas/cola1 is {why}")
+
+
+def test_root_alone_is_trusted_by_default_and_always() -> None:
+    assert ROOT_ONLY == trusted_uids([]) == frozenset({0})
+    assert trusted_uids([DELEGATE, DELEGATE]) == {0, DELEGATE}
+    assert file_problem("/d/f", FILE | 0o644, DELEGATE, ROOT_ONLY) is not None
+    assert file_problem("/d/f", FILE | 0o644, ROOT, frozenset({DELEGATE})) is not None  # the shell adds root
+
+
+OWNERS = {"root": ROOT, "delegate": DELEGATE, "nobody": NOBODY}
+DIR_MODES = [0o755, 0o700, 0o775, 0o757, 0o777, 0o1777, 0o1755, 0o1775]
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode", "device_dir"),
+    list(itertools.product(OWNERS, DIR_MODES, (True, False))),
+    ids=lambda v: f"{v:04o}" if isinstance(v, int) and not isinstance(v, bool) else str(v),
+)
+def test_a_directory_is_trusted_when_only_trusted_owners_can_change_its_entries(
+    owner: str, mode: int, device_dir: bool
+) -> None:
+    problem = directory_problem("/srv/colas", DIR | mode, OWNERS[owner], TRUSTED, device_dir=device_dir)
+    writable = bool(mode & 0o022)
+    sticky = bool(mode & 0o1000)
+    # An ancestor that others can write is safe when sticky (/tmp): only an entry's owner can move
+    # it, and the entry is checked next. The device directory itself never: others could add files.
+    expected = owner != "nobody" and (not writable or (sticky and not device_dir))
+    assert (problem is None) == expected, problem
+    if problem is not None:
+        what = "device directory" if device_dir else "directory"
+        assert problem.startswith(f"{UNTRUSTED}{what} /srv/colas is ")
+        assert ("uid 65534" in problem) == (owner == "nobody")
+
+
+def test_the_way_to_a_device_directory_is_judged_from_the_root_down() -> None:
+    tmp_like = [("/", DIR | 0o755, ROOT), ("/tmp", DIR | 0o1777, ROOT), ("/tmp/t", DIR | 0o700, ROOT)]
+    assert chain_problem([*tmp_like, ("/tmp/t/colas", DIR | 0o755, ROOT)], ROOT_ONLY) is None
+    # The last entry is the device directory: sticky does not save it.
+    assert (
+        chain_problem(tmp_like[:2], ROOT_ONLY)
+        == f"{UNTRUSTED}device directory /tmp is writable by group and others (mode 1777)"
+    )
+    open_parent = [("/", DIR | 0o755, ROOT), ("/srv", DIR | 0o777, ROOT), ("/srv/colas", DIR | 0o755, NOBODY)]
+    assert (
+        chain_problem(open_parent, ROOT_ONLY)
+        == f"{UNTRUSTED}directory /srv is writable by group and others (mode 0777)"
+    )
+    delegated = [("/", DIR | 0o755, ROOT), ("/srv", DIR | 0o755, DELEGATE), ("/srv/colas", DIR | 0o750, DELEGATE)]
+    assert chain_problem(delegated, TRUSTED) is None
+    assert "uid 1001" in (chain_problem(delegated, ROOT_ONLY) or "")
+    assert chain_problem([], ROOT_ONLY) is None
