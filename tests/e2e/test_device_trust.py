@@ -1,0 +1,73 @@
+"""A device file a non-root user wrote, under the real supervisord and the strict fake kubelet.
+
+The file asks for /etc mounted writable, /dev/null and a probe that leaves a marker. Owned by
+uid 65534, its device reaches the kubelet Unhealthy, Allocate refuses it, the probe never runs,
+`colad status` says why, and discovery logs one line and counts it once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.e2e.test_hostile_plugin import sample
+from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import wait_until
+from tests.service import ColadService
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")]
+H, U = "Healthy", "Unhealthy"
+NOBODY = 65534
+
+
+@pytest.fixture
+def service(short_tmp: Path) -> Iterator[ColadService]:
+    colad = ColadService(short_tmp, extra_env={"COLAD_PROBE_INTERVAL": "0.5", "COLAD_RESCAN_INTERVAL": "3600"})
+    yield colad
+    rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def write(colad: ColadService, name: str, owner: int) -> Path:
+    path = colad.device_dir / name
+    path.write_text(
+        f'probe = ["/usr/bin/touch", "{colad.root}/ran-{name}"]\n'
+        '[[mounts]]\nhost_path = "/etc"\nread_only = false\n'
+        '[[device_nodes]]\nhost_path = "/dev/null"\n'
+    )
+    os.chown(path, owner, -1)
+    return path
+
+
+def test_a_device_file_of_uid_65534_gets_no_probe_no_mount_and_one_line(
+    service: ColadService, kubelet: FakeKubelet
+) -> None:
+    write(service, "good", 0)
+    evil = write(service, "evil", NOBODY)
+    service.start()
+    kubelet.wait_devices({"good": H, "evil": U}, timeout=30)
+    answer = kubelet.allocate(["good"])
+    assert answer["mounts"] == [{"container_path": "/etc", "host_path": "/etc", "read_only": False}]
+    assert [d["host_path"] for d in answer["devices"]] == ["/dev/null"]
+    with pytest.raises(grpc.RpcError) as refused:
+        kubelet.allocate(["evil"])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    first = wait_until(lambda: (service.root / "ran-good").stat().st_mtime_ns, 10, "the trusted probe")
+    wait_until(lambda: (service.root / "ran-good").stat().st_mtime_ns != first, 10, "the trusted probe again")
+    assert not (service.root / "ran-evil").exists()
+    status = subprocess.run(
+        [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
+    )
+    assert f"unhealthy:  evil: untrusted: {evil} is owned by uid 65534" in status.stdout, status.stdout
+    series = 'colad_input_rejected_total{reason="untrusted_file",role="discovery"}'
+    wait_until(lambda: sample(service, series) == 1, 30, f"{series} == 1", logs=[service.log_path])
+    (service.device_dir / "more").write_text("")  # another turn of discovery: nothing new said of evil
+    kubelet.wait_devices({"good": H, "evil": U, "more": H}, timeout=30)
+    assert len(service.log_lines('msg="device file untrusted')) == 1
+    assert sample(service, series) == 1
