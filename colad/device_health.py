@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyinotify
 
-from colad import cdi, devices, hostpaths, log, namemap, nfd, watch
+from colad import cdi, devices, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.devices import Device
@@ -225,6 +225,8 @@ class HealthOutputs:
                 if reason and PENDING not in reason:
                     LOG.warning("device unhealthy", resource=rw.resource.name, device=device_id, reason=reason)
                     self.stats.count("health.probe" if reason.startswith("probe ") else "health.host_path")
+                    if trust.UNTRUSTED in reason:  # a probe program someone untrusted can write: not run
+                        self.stats.count("input.untrusted_program")
                 elif not reason and device_id in rw.shown and PENDING not in before:
                     LOG.info("device healthy again", resource=rw.resource.name, device=device_id, was=before)
                     self.stats.count("health.recovered")

@@ -2,14 +2,13 @@
 
 Reads: the directory's entries (d_type, no stat per file) and each device file, again only
 when its inode, size or times changed and never while its timestamps are racily clean
-(git's rule); the owner and mode of each file (from the fd it reads) and of every directory
-on the way to the device directory, for trust.py's rule. Writes nothing; devicefile.py
-parses the content. Neighbour: discovery.py.
+(git's rule); the owner and mode of each file (from the fd it reads), for trust.py's rule
+(pathtrust.py judges the directories). Writes nothing; devicefile.py parses the content.
+Neighbour: discovery.py.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import struct
@@ -175,58 +174,6 @@ def _refused(
     if known is not None and known.key == pack_key(key) and known.settles_ns is None:
         return known
     return _kept(Cached.of(key, Device(device_id, UNHEALTHY, problem=untrusted), read_ns), known)
-
-
-# The kernel follows at most 40 symbolic links in one path lookup (fs/namei.c MAXSYMLINKS).
-MAX_SYMLINKS = 40
-
-
-def directory_chain(path: str) -> list[tuple[str, int, int]]:
-    """(path, mode, uid) of every directory a name is looked up in on the way to the directory
-    `path`, from / down, `path` itself (resolved) last: whoever can write one of them can
-    change what `path` names. Symbolic links are followed as the kernel does, so the
-    directories holding each link count too. Raises OSError (FileNotFoundError: a part is
-    missing, NotADirectoryError: `path` or a part is no directory, ELOOP).
-    """
-    root = os.lstat("/")
-    chain: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}
-    current, parts, links = "/", [p for p in path.split("/") if p], 0
-    while parts:
-        name = parts.pop(0)
-        if name == ".":
-            continue
-        if name == "..":  # physical: `current` never holds a symbolic link
-            current = os.path.dirname(current)
-            continue
-        candidate = os.path.join(current, name)
-        st = os.lstat(candidate)
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-            target = os.readlink(candidate)
-            parts[:0] = [p for p in target.split("/") if p]
-            if target.startswith("/"):
-                current = "/"
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), candidate)
-        chain.setdefault(candidate, (st.st_mode, st.st_uid))
-        current = candidate
-    last = chain.pop(current)  # the device directory goes last, wherever a link first led through it
-    return [(p, mode, uid) for p, (mode, uid) in chain.items()] + [(current, *last)]
-
-
-def directory_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:
-    """Why the device directory `path`, or a directory on the way to it, is not trusted, or None.
-
-    None too when it cannot be looked at (missing, ELOOP, EACCES): listing it says why.
-    """
-    try:
-        chain = directory_chain(path)
-    except OSError:
-        return None
-    return trust.chain_problem(chain, trusted)
 
 
 def _kept(read: Cached, known: Cached | None) -> Cached:

@@ -54,7 +54,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     ) -> None:
         super().__init__(cfg, "discovery", client=client)
         self.clock = clock
-        self.runner = ProbeRunner(cfg.probe_max_in_flight)
+        self.runner = ProbeRunner(cfg.probe_max_in_flight, trusted=cfg.trusted_uids)
         # Host-path watches in their own inotify: a shared one would merge them with the device
         # directories' watches (one wd per inode) and a removal would end both.
         self.host_inotify = watch.Inotify(self.stats.count)
@@ -390,6 +390,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         """A reload's new spec directory, CDI mode, feature file, label prefix or probe limit."""
         cfg = self.cfg
         self.runner.max_in_flight = max(1, cfg.probe_max_in_flight)
+        self.runner.trusted = cfg.trusted_uids  # the next run of each probe judges its program anew
         if (cfg.cdi, cfg.cdi_spec_dir) != (previous.cdi, previous.cdi_spec_dir):
             for name in self.watches:  # out of the old directory (or CDI off): no stale spec left behind
                 self._remove_spec(name)

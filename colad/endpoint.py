@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from colad import constants, dirpath, log
+from colad import constants, dirpath, log, trust
 from colad import registration as reg
 from colad.config import Resource
 from colad.device_list import FittedList, fit_list
@@ -90,6 +90,7 @@ class Context:
     taken: Callable[[], set[str]]  # socket paths the other endpoints serve on
     cdi_mode: Callable[[], str] = lambda: "both"  # the config's `cdi`, read per Allocate (a reload may change it)
     cdi_spec_dir: Callable[[], str] = lambda: ""  # the config's `cdi_spec_dir`, read per Allocate as well
+    trusted: Callable[[], frozenset[int]] = lambda: trust.ROOT_ONLY  # Config.trusted_uids, per PreStartContainer
 
 
 class Endpoint:
@@ -202,7 +203,7 @@ class Endpoint:
         servicer = DevicePluginServicer(
             self.broadcast, generation, events, self.ctx.metrics, name, policy,
             cdi_mode=self.ctx.cdi_mode, cdi_spec_dir=self.ctx.cdi_spec_dir, prepare=prepare,
-            pre_start_required=self.pre_start_required,
+            pre_start_required=self.pre_start_required, trusted=self.ctx.trusted,
         )  # fmt: skip
         server = self.ctx.servers.build(servicer, path)
         server.start()

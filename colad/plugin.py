@@ -79,7 +79,7 @@ class Plugin:
             cfg.kubelet_dir, cfg.kubelet_socket, cfg.register_timeout, self.metrics, self.record,
             self.events.put, wall, servers or Servers(),
             lambda: {e.socket_path for e in self.endpoints.values() if e.socket_path},
-            lambda: self.cfg.cdi, lambda: self.cfg.cdi_spec_dir,
+            lambda: self.cfg.cdi, lambda: self.cfg.cdi_spec_dir, lambda: self.cfg.trusted_uids,
         )  # fmt: skip
         self.endpoints = {r.name: Endpoint(self.ctx, r, clock()) for r in cfg.resources}
         # The latest physical device set per resource, also for resources not (yet) served:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from colad import pathtrust, trust
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.devices import Device, DeviceSet, base_id
 from colad.probes import BASE_ENV, OUTPUT_LIMIT, outcome
@@ -84,8 +85,14 @@ def ignored_prepares(command: tuple[str, ...], devices: Iterable[Device]) -> tup
     return () if command else tuple(d.device_id for d in devices if d.prepare)
 
 
-def run(step: Step, timeout: float) -> Result:
-    """Run `step` for at most `timeout` seconds (a wait for a free slot included); never raises."""
+def run(step: Step, timeout: float, trusted: frozenset[int] = trust.ROOT_ONLY) -> Result:
+    """Run `step` for at most `timeout` seconds (a wait for a free slot included); never raises.
+
+    A program that a user outside `trusted` could have written is not run (trust.program_problem).
+    """
+    untrusted = pathtrust.program_problem(step.argv[0], trusted)
+    if untrusted is not None:
+        return Result(False, f"not run: {untrusted}")
     deadline = time.monotonic() + timeout
     if not _SLOTS.acquire(timeout=timeout):
         return Result(False, f"no free slot for the prepare command within {timeout:g}s", timed_out=True)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from colad import pathtrust, trust
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # imported where a probe starts: discovery without probes never loads it (#14)
     import subprocess
@@ -93,8 +95,10 @@ class ProbeRunner:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         clock: Callable[[], float] = time.monotonic,
         env: Mapping[str, str] = BASE_ENV,
+        trusted: frozenset[int] = trust.ROOT_ONLY,
     ) -> None:
         self.max_in_flight = max(1, max_in_flight)
+        self.trusted = trusted  # whose programs may run as probes (trust.program_problem)
         self.clock = clock
         self.env = dict(env)
         self._probes: dict[str, Probe] = {}
@@ -106,6 +110,7 @@ class ProbeRunner:
         self.started = 0
         self.spawn_failures = 0
         self.timeouts = 0
+        self.refused = 0  # runs refused: a program someone untrusted can write
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -222,6 +227,12 @@ class ProbeRunner:
 
     def _start(self, key: str, now: float, changed: dict[str, Verdict]) -> None:
         probe = self._probes[key]
+        untrusted = pathtrust.program_problem(probe.command[0], self.trusted)
+        if untrusted is not None:  # never run as root: its verdict says why, as a program that fails to start
+            self.refused += 1
+            self._schedule(key, now + probe.interval)
+            self._set(key, Verdict(False, f"not run: {untrusted}"), changed)
+            return
         env = {**self.env, **dict(probe.env)}
         import subprocess  # noqa: PLC0415 - see TYPE_CHECKING above
 

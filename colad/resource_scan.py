@@ -21,8 +21,9 @@ from colad.config import Resource
 from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.device_health import DeviceHealth
 from colad.devicedir import Cached as _Cached
-from colad.devicedir import directory_problem, is_regular_file, list_regular_files, read_device
+from colad.devicedir import is_regular_file, list_regular_files, read_device
 from colad.devices import Device
+from colad.pathtrust import directory_problem
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
 LOG = log.get("colad.discovery")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from colad import allocation, cdi, constants, log, rpc
+from colad import allocation, cdi, constants, log, rpc, trust
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.broadcast import DeviceBroadcast
@@ -150,12 +150,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         cdi_mode: Callable[[], str] = lambda: "off",
         cdi_spec_dir: Callable[[], str] = lambda: "",
         prepare: Callable[[], tuple[tuple[str, ...], float]] = lambda: ((), 0.0),  # command, timeout
+        trusted: Callable[[], frozenset[int]] = lambda: trust.ROOT_ONLY,  # whose prepare programs run
         pre_start_required: bool = False,  # fixed per server: the kubelet took it at Register
     ) -> None:
         self.broadcast = broadcast
         self.cdi_mode, self.cdi_spec_dir = cdi_mode, cdi_spec_dir
         self.cdi_specs, self.cdi_notes = cdi.SpecReader(), cdi.FallbackNotes()
-        self.prepare = prepare
+        self.prepare, self.trusted = prepare, trusted
         self.options = plugin_options(pre_start_required)
         self.metrics = metrics
         self.resource = resource
@@ -303,7 +304,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         budget = timeout if remaining is None else min(timeout, remaining - prestart.ANSWER_MARGIN)
         deadline = time.monotonic() + budget
         for step in steps:
-            result = prestart.run(step, max(0.0, deadline - time.monotonic()))
+            result = prestart.run(step, max(0.0, deadline - time.monotonic()), self.trusted())
             if not result.ok:
                 outcome = "timeout" if result.timed_out else "failed"
                 self.metrics.pre_start_requests.labels(self.resource, outcome).inc()

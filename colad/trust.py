@@ -3,7 +3,8 @@
 A device file names commands colad runs as root (`probe`, `prepare`) and host paths it hands to
 containers (`mounts`, `device_nodes`), so only what nobody but a trusted owner can write is
 honoured, as sudoers, cron and sshd's StrictModes do. Pure: it takes each path's mode and owner
-(devicedir.py gathers them, from the fd it reads) and returns why it is not trusted, or None.
+(devicedir.py and pathtrust.py gather them) and returns why it is not trusted, or None. The
+same rule covers the programs a probe or prepare runs.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def chain_problem(chain: Iterable[tuple[str, int, int]], trusted: frozenset[int]
     """Why the way to a device directory is not trusted, or None: the first problem from / down.
 
     `chain` is (path, mode, uid) of every directory a name is looked up in on the way, in
-    order, the device directory last (devicedir.directory_chain).
+    order, the device directory last (pathtrust.directory_chain).
     """
     entries = list(chain)
     for i, (path, mode, uid) in enumerate(entries):
@@ -76,3 +77,19 @@ def chain_problem(chain: Iterable[tuple[str, int, int]], trusted: frozenset[int]
         if why is not None:
             return why
     return None
+
+
+def program_problem(
+    dirs: Iterable[tuple[str, int, int]], program: tuple[str, int, int], trusted: frozenset[int]
+) -> str | None:
+    """Why a program colad runs as root (a probe, a prepare command) is not trusted, or None.
+
+    As sshd judges an AuthorizedKeysCommand: the file as a device file (file_problem), and
+    every directory on the way to it as an ancestor (a sticky one may be writable by others).
+    """
+    for path, mode, uid in dirs:
+        why = directory_problem(path, mode, uid, trusted, device_dir=False)
+        if why is not None:
+            return why
+    path, mode, uid = program
+    return file_problem(path, mode, uid, trusted)

@@ -18,10 +18,10 @@ import pytest
 
 from colad.config import Config
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.devicedir import directory_chain, directory_problem
 from colad.devices import Device, Mount
 from colad.discovery import Discovery
 from colad.messages import DeviceSnapshot
+from colad.pathtrust import directory_chain, directory_problem
 from colad.trust import UNTRUSTED
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config

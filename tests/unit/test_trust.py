@@ -6,7 +6,15 @@ import itertools
 
 import pytest
 
-from colad.trust import ROOT_ONLY, UNTRUSTED, chain_problem, directory_problem, file_problem, trusted_uids
+from colad.trust import (
+    ROOT_ONLY,
+    UNTRUSTED,
+    chain_problem,
+    directory_problem,
+    file_problem,
+    program_problem,
+    trusted_uids,
+)
 
 pytestmark = pytest.mark.unit
 ROOT, DELEGATE, NOBODY = 0, 1001, 65534
@@ -87,3 +95,26 @@ def test_the_way_to_a_device_directory_is_judged_from_the_root_down() -> None:
     assert chain_problem(delegated, TRUSTED) is None
     assert "uid 1001" in (chain_problem(delegated, ROOT_ONLY) or "")
     assert chain_problem([], ROOT_ONLY) is None
+
+
+@pytest.mark.parametrize(
+    ("dirs", "program", "why"),
+    [
+        ([("/", 0o755, ROOT), ("/usr", 0o755, ROOT)], ("/usr/probe", 0o755, ROOT), None),
+        ([("/", 0o755, ROOT), ("/tmp", 0o1777, ROOT)], ("/tmp/probe", 0o755, ROOT), None),  # sticky: not swappable
+        ([("/", 0o755, ROOT), ("/opt", 0o755, DELEGATE)], ("/opt/probe", 0o750, DELEGATE), None),
+        ([("/", 0o755, ROOT), ("/srv", 0o777, ROOT)], ("/srv/probe", 0o755, ROOT), "directory /srv is writable"),
+        ([("/", 0o755, ROOT), ("/srv", 0o755, NOBODY)], ("/srv/probe", 0o755, ROOT), "directory /srv is owned"),
+        ([("/", 0o755, ROOT)], ("/probe", 0o777, ROOT), "/probe is writable by group and others"),
+        ([("/", 0o755, ROOT)], ("/probe", 0o755, NOBODY), "/probe is owned by uid 65534"),
+    ],
+    ids=["usr", "sticky-tmp", "delegate", "open-dir", "nobody-dir", "open-file", "nobody-file"],
+)
+def test_a_program_run_as_root_is_judged_as_a_device_file_in_its_directories(
+    dirs: list[tuple[str, int, int]], program: tuple[str, int, int], why: str | None
+) -> None:
+    judged = program_problem(
+        [(p, DIR | m, u) for p, m, u in dirs], (program[0], FILE | program[1], program[2]), TRUSTED
+    )
+    assert (judged is None) == (why is None), judged
+    assert judged is None or judged.startswith(f"{UNTRUSTED}{why}")

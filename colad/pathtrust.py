@@ -1,0 +1,92 @@
+"""The shell of trust.py for paths: the owner and mode of everything the kernel passes on a lookup.
+
+Reads (lstat, readlink) each directory a name is looked up in on the way to a path, following
+symbolic links as the kernel does, and the object the path names; trust.py judges them. Used
+for device directories (resource_scan.py) and for the programs a probe or prepare runs
+(probes.py, prestart.py). Writes nothing, logs nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from colad import trust
+
+# The kernel follows at most 40 symbolic links in one path lookup (fs/namei.c MAXSYMLINKS).
+MAX_SYMLINKS = 40
+Owned = tuple[str, int, int]  # (path, st_mode, st_uid)
+
+
+def lookup(path: str) -> tuple[list[Owned], Owned]:
+    """(every directory a name is looked up in on the way to `path`, from / down; what `path` names).
+
+    Whoever can write one of those directories can change what `path` names. Symbolic links
+    are followed, the last one too, as exec() and opendir() do, so the directory holding each
+    link counts. Relative components are taken from /. Raises OSError (FileNotFoundError: a
+    part is missing, NotADirectoryError: a part on the way is no directory, ELOOP).
+    """
+    root = os.lstat("/")
+    dirs: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}
+    current, found = "/", (root.st_mode, root.st_uid)
+    parts, links = [p for p in path.split("/") if p], 0
+    while parts:
+        name = parts.pop(0)
+        if name == ".":
+            continue
+        if name == "..":  # physical: `current` never holds a symbolic link
+            current = os.path.dirname(current)
+            found = dirs[current]
+            continue
+        if not stat.S_ISDIR(found[0]):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), current)
+        candidate = os.path.join(current, name)
+        st = os.lstat(candidate)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+            target = os.readlink(candidate)
+            parts[:0] = [p for p in target.split("/") if p]
+            if target.startswith("/"):
+                current, found = "/", dirs["/"]
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            dirs.setdefault(candidate, (st.st_mode, st.st_uid))
+        current, found = candidate, (st.st_mode, st.st_uid)
+    dirs.pop(current, None)  # what `path` names is not on the way to itself
+    return [(p, mode, uid) for p, (mode, uid) in dirs.items()], (current, *found)
+
+
+def directory_chain(path: str) -> list[Owned]:
+    """lookup(path) as one list, the directory `path` names last; NotADirectoryError if it names none."""
+    dirs, named = lookup(path)
+    if not stat.S_ISDIR(named[1]):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), named[0])
+    return [*dirs, named]
+
+
+def directory_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:
+    """Why the device directory `path`, or a directory on the way to it, is not trusted, or None.
+
+    None too when it cannot be looked at (missing, not a directory, ELOOP, EACCES): listing it
+    says why.
+    """
+    try:
+        chain = directory_chain(path)
+    except OSError:
+        return None
+    return trust.chain_problem(chain, trusted)
+
+
+def program_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:
+    """Why the program `path` (a probe's or prepare's argv[0]) is not trusted, or None.
+
+    None too when it cannot be looked at: running it says why (ENOENT, EACCES).
+    """
+    try:
+        dirs, program = lookup(path)
+    except OSError:
+        return None
+    return trust.program_problem(dirs, program, trusted)
