@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from colad import device_wire, devicefile, trust
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device
+from colad.devices import Device, clip_reason
 
 # Timestamps of a file written within one tick of our read may not change at the next write:
 # ext2/ext3 and FAT keep seconds (FAT's mtime: 2 s), and before Linux 6.13 every filesystem stamps
@@ -173,7 +173,8 @@ def _refused(
     """An untrusted file's device: Unhealthy, its `problem` the reason, carrying nothing of the file."""
     if known is not None and known.key == pack_key(key) and known.settles_ns is None:
         return known
-    return _kept(Cached.of(key, Device(device_id, UNHEALTHY, problem=untrusted), read_ns), known)
+    device = Device(device_id, UNHEALTHY, problem=clip_reason(untrusted))  # a path may be long: one bounded line
+    return _kept(Cached.of(key, device, read_ns), known)
 
 
 def _kept(read: Cached, known: Cached | None) -> Cached:

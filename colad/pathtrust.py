@@ -28,19 +28,19 @@ def lookup(path: str) -> tuple[list[Owned], Owned]:
     part is missing, NotADirectoryError: a part on the way is no directory, ELOOP).
     """
     root = os.lstat("/")
-    dirs: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}
-    current, found = "/", (root.st_mode, root.st_uid)
-    parts, links = [p for p in path.split("/") if p], 0
+    seen: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}  # every real path reached
+    looked_in: dict[str, None] = {}  # in order, once each
+    current, parts, links = "/", [p for p in path.split("/") if p], 0
     while parts:
         name = parts.pop(0)
+        if not stat.S_ISDIR(seen[current][0]):  # "file/x", "file/." and "file/.." alike
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), current)
         if name == ".":
             continue
-        if name == "..":  # physical: `current` never holds a symbolic link
+        if name == "..":  # physical: `current` never holds a symbolic link, and its parent was reached
             current = os.path.dirname(current)
-            found = dirs[current]
             continue
-        if not stat.S_ISDIR(found[0]):
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), current)
+        looked_in[current] = None
         candidate = os.path.join(current, name)
         st = os.lstat(candidate)
         if stat.S_ISLNK(st.st_mode):
@@ -50,13 +50,11 @@ def lookup(path: str) -> tuple[list[Owned], Owned]:
             target = os.readlink(candidate)
             parts[:0] = [p for p in target.split("/") if p]
             if target.startswith("/"):
-                current, found = "/", dirs["/"]
+                current = "/"
             continue
-        if stat.S_ISDIR(st.st_mode):
-            dirs.setdefault(candidate, (st.st_mode, st.st_uid))
-        current, found = candidate, (st.st_mode, st.st_uid)
-    dirs.pop(current, None)  # what `path` names is not on the way to itself
-    return [(p, mode, uid) for p, (mode, uid) in dirs.items()], (current, *found)
+        seen[candidate] = (st.st_mode, st.st_uid)
+        current = candidate
+    return [(d, *seen[d]) for d in looked_in], (current, *seen[current])
 
 
 def directory_chain(path: str) -> list[Owned]:
@@ -64,7 +62,7 @@ def directory_chain(path: str) -> list[Owned]:
     dirs, named = lookup(path)
     if not stat.S_ISDIR(named[1]):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), named[0])
-    return [*dirs, named]
+    return [d for d in dirs if d[0] != named[0]] + [named]  # a link to "." passes through it: judged as itself
 
 
 def directory_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:

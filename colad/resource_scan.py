@@ -216,6 +216,7 @@ class ResourceWatch:
         return directory_problem(self.resource.device_dir, self.trusted)
 
     def _refuse(self, problem: str, unusable: str) -> ScanOutcome:
+        problem = devices.clip_reason(problem)  # a path may be long: one bounded line
         kept = [Device(d.device_id, UNHEALTHY, problem=problem) for d in self.current or ()]
         self.shown = {}
         return ScanOutcome(devices.DeviceSet.of(kept), True, dict(self.warned), unusable=unusable)
