@@ -225,7 +225,7 @@ class HealthOutputs:
                 if reason and PENDING not in reason:
                     LOG.warning("device unhealthy", resource=rw.resource.name, device=device_id, reason=reason)
                     self.stats.count("health.probe" if reason.startswith("probe ") else "health.host_path")
-                    if trust.UNTRUSTED in reason:  # a probe program someone untrusted can write: not run
+                    if f": not run: {trust.UNTRUSTED}" in reason:  # a probe program someone untrusted can write
                         self.stats.count("input.untrusted_program")
                 elif not reason and device_id in rw.shown and PENDING not in before:
                     LOG.info("device healthy again", resource=rw.resource.name, device=device_id, was=before)

@@ -33,7 +33,8 @@ PRE_START_RESULTS = ("success", "failed", "timeout", "not_found")
 # Allocate answers that named devices in the classic form because colad's CDI spec on disk did not list
 # them (cdi.SpecReader's reasons).
 CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_listed")
-PLUGIN_INPUT_REASONS = ("foreign_path",)  # the plugin's own: kubelet or run directory entries left alone
+# The plugin's own: kubelet or run directory entries left alone; prepare programs not run (trust.py).
+PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 
 

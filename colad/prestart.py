@@ -46,6 +46,7 @@ class Result:
     ok: bool
     reason: str = ""  # why it failed: the first line of its output, an exit status, a timeout
     timed_out: bool = False
+    refused: bool = False  # not run: a program someone untrusted could have written
 
 
 class UnknownDevice(Exception):
@@ -92,7 +93,7 @@ def run(step: Step, timeout: float, trusted: frozenset[int] = trust.ROOT_ONLY) -
     """
     untrusted = pathtrust.program_problem(step.argv[0], trusted)
     if untrusted is not None:
-        return Result(False, f"not run: {untrusted}")
+        return Result(False, f"not run: {untrusted}", refused=True)
     deadline = time.monotonic() + timeout
     if not _SLOTS.acquire(timeout=timeout):
         return Result(False, f"no free slot for the prepare command within {timeout:g}s", timed_out=True)

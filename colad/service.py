@@ -307,6 +307,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             result = prestart.run(step, max(0.0, deadline - time.monotonic()), self.trusted())
             if not result.ok:
                 outcome = "timeout" if result.timed_out else "failed"
+                if result.refused:
+                    self.metrics.input_rejected["untrusted_program"] += 1
                 self.metrics.pre_start_requests.labels(self.resource, outcome).inc()
                 devices = ",".join(step.device_ids)
                 LOG.warning(

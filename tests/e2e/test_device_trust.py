@@ -71,3 +71,33 @@ def test_a_device_file_of_uid_65534_gets_no_probe_no_mount_and_one_line(
     kubelet.wait_devices({"good": H, "evil": U, "more": H}, timeout=30)
     assert len(service.log_lines('msg="device file untrusted')) == 1
     assert sample(service, series) == 1
+
+
+def test_probe_and_prepare_programs_others_can_write_never_run(short_tmp: Path, kubelet: FakeKubelet) -> None:
+    shared = short_tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could swap the programs in here
+    for name in ("probe", "prepare"):
+        (shared / name).write_text(f"#!/bin/sh\ntouch {short_tmp}/ran-{name}\n")
+        (shared / name).chmod(0o755)
+    env = {"COLAD_PROBE": str(shared / "probe"), "COLAD_PREPARE": str(shared / "prepare")}
+    colad = ColadService(short_tmp, extra_env={**env, "COLAD_PROBE_INTERVAL": "0.5"})
+    try:
+        colad.add("cola")
+        colad.start()
+        kubelet.wait_devices({"cola": U}, timeout=30)
+        why = f"untrusted: directory {shared} is writable by group and others (mode 0777)"
+        colad.wait_log(f'device=cola reason="probe probe: not run: {why}"', timeout=30)
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.pre_start_container(["cola"])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+        assert refused.value.details() == f"prepare command {shared}/prepare failed for device cola: not run: {why}"
+        for role in ("discovery", "plugin"):
+            series = f'colad_input_rejected_total{{reason="untrusted_program",role="{role}"}}'
+            wait_until(lambda s=series: sample(colad, s) == 1, 30, f"{series} == 1", logs=[colad.log_path])
+        shared.chmod(0o755)  # fixed: the probe's next run goes ahead, and so does the next container
+        kubelet.wait_devices({"cola": H}, timeout=30)
+        kubelet.pre_start_container(["cola"])
+        assert (short_tmp / "ran-probe").exists() and (short_tmp / "ran-prepare").exists()
+    finally:
+        assert colad.stop() == 0, colad.log()[-4000:]

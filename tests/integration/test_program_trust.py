@@ -92,7 +92,7 @@ def test_trusted_owners_let_a_delegated_probe_program_run(short_tmp: Path) -> No
 def test_an_untrusted_prepare_program_never_runs(short_tmp: Path, case) -> None:  # type: ignore[no-untyped-def]
     path, why = case(short_tmp)
     step = prestart.Step((str(path), "cola1"), ("cola1",), ())
-    assert prestart.run(step, 5.0) == prestart.Result(False, f"not run: {why}")
+    assert prestart.run(step, 5.0) == prestart.Result(False, f"not run: {why}", refused=True)
     assert not (short_tmp / "ran").exists()
     os.chown(path, NOBODY, -1)
     if case is not open_dir:  # owned by a trusted uid now, mode fixed: it runs
