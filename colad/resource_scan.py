@@ -108,7 +108,7 @@ class ResourceWatch:
         trusted: frozenset[int] = trust.ROOT_ONLY,
     ) -> None:
         self.resource = resource
-        self.trusted = trusted  # the uids whose device files and directories are honoured (trust.py)
+        self.trusted_uids = trusted  # whose device files and directories are honoured (trust.py)
         self.health = health or DeviceHealth(resource, False, None)
         self.shown: dict[str, Device] = {}  # what is advertised per ID of the last scan (health applied)
         self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
@@ -190,7 +190,7 @@ class ResourceWatch:
             if known is None or not known.trusted or dirty is None or device_id in dirty:
                 started = clock()
                 path = os.path.join(self.dir.path, device_id)
-                known = read_device(device_id, path, known, trusted=self.trusted)
+                known = read_device(device_id, path, known, trusted=self.trusted_uids)
                 took = clock() - started
                 if took > SLOW_READ_S:
                     slow.append((device_id, took))
@@ -213,7 +213,7 @@ class ResourceWatch:
 
     def untrusted(self) -> str | None:
         """Why the device directory or one on the way to it is not trusted now, or None (a few lstats)."""
-        return directory_problem(self.resource.device_dir, self.trusted)
+        return directory_problem(self.resource.device_dir, self.trusted_uids)
 
     def _refuse(self, problem: str, unusable: str) -> ScanOutcome:
         problem = devices.clip_reason(problem)  # a path may be long: one bounded line
@@ -250,7 +250,7 @@ class ResourceWatch:
                     moved.problems[name] = problem
             else:
                 started = clock()
-                found = read_device(name, path, known, trusted=self.trusted)
+                found = read_device(name, path, known, trusted=self.trusted_uids)
                 if clock() - started > SLOW_READ_S:
                     moved.slow.append((name, clock() - started))
             self.racy.pop(name, None)

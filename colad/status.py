@@ -19,7 +19,7 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from colad import inuse, statefile
+from colad import inuse, pathtrust, statefile
 from colad.config import Config
 from colad.statefile import StateFileError, StateFileMissing
 
@@ -124,8 +124,17 @@ class RoleHealth:
 
 def collect(cfg: Config) -> dict[str, Any]:
     report = _collect_processes(cfg)
+    if report["running"]:
+        report["problems"].extend(untrusted_directories(cfg))
     report["in_use"] = read_in_use(cfg) if report["running"] else _in_use_unavailable("colad is not running")
     return report
+
+
+def untrusted_directories(cfg: Config) -> list[str]:
+    """Each device directory discovery refuses as untrusted (trust.py), looked at now: a directory
+    refused since the start has no device whose reason the state file could carry."""
+    found = ((r.name, pathtrust.directory_problem(r.device_dir, cfg.trusted_uids)) for r in cfg.resources)
+    return [f"{name}: {why}" for name, why in found if why is not None]
 
 
 def _in_use_unavailable(reason: str) -> dict[str, Any]:

@@ -101,3 +101,27 @@ def test_probe_and_prepare_programs_others_can_write_never_run(short_tmp: Path, 
         assert (short_tmp / "ran-probe").exists() and (short_tmp / "ran-prepare").exists()
     finally:
         assert colad.stop() == 0, colad.log()[-4000:]
+
+
+def test_a_device_directory_others_can_write_is_refused_and_status_says_why(
+    service: ColadService, kubelet: FakeKubelet
+) -> None:
+    service.add("cola1", "cola2")
+    service.device_dir.chmod(0o777)
+    service.start()
+    kubelet.wait_registered(timeout=30)
+    why = f"untrusted: device directory {service.device_dir} is writable by group and others (mode 0777)"
+    service.wait_log('msg="device directory untrusted: refused', timeout=30)
+    wait_until(lambda: kubelet.devices() == {}, 30, "an empty list at the kubelet")
+    status = subprocess.run(
+        [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
+    )
+    assert status.returncode == 1 and f"problem: myway5.com/cola: {why}" in status.stdout, status.stdout
+    service.device_dir.chmod(0o755)  # its own event: listed at once
+    kubelet.wait_devices({"cola1": H, "cola2": H}, timeout=30)
+    service.wait_log('msg="device directory trusted again"', timeout=30)
+    assert len(service.log_lines('msg="device directory untrusted: refused')) == 1
+    status = subprocess.run(
+        [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
+    )
+    assert status.returncode == 0, status.stdout
