@@ -295,7 +295,10 @@ class Chaos:
 
     def dir_remounted(self) -> None:
         keep = self.colad.device_ids()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "chaos", str(self.colad.device_dir)], check=True)
+        # mode=0755: a tmpfs is 1777 by default, and a device directory anyone can write is refused (trust.py).
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "chaos", str(self.colad.device_dir)], check=True
+        )
         self.colad.add(*keep, self.name())  # the same devices, now on another filesystem
         self.wait_invariant("dir_remounted (mounted)")
         subprocess.run(["umount", str(self.colad.device_dir)], check=True)

@@ -125,3 +125,20 @@ def test_a_device_directory_others_can_write_is_refused_and_status_says_why(
         [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
     )
     assert status.returncode == 0, status.stdout
+
+
+def test_a_tmpfs_mounted_without_a_mode_is_refused_until_chmod(service: ColadService, kubelet: FakeKubelet) -> None:
+    service.add("cola")
+    service.start()
+    kubelet.wait_devices({"cola": H}, timeout=30)
+    # A tmpfs root is 1777 unless mounted with mode=: sticky, but anyone can add a device file.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "colad-trust", str(service.device_dir)], check=True)
+    try:
+        service.add("dropped")
+        service.wait_log("mode 1777", timeout=30)
+        kubelet.wait_devices({"cola": U}, timeout=30)  # the device known stays, Unhealthy; nothing new is read
+        service.device_dir.chmod(0o755)
+        kubelet.wait_devices({"dropped": H}, timeout=30)
+    finally:
+        subprocess.run(["umount", str(service.device_dir)], check=True)
+    kubelet.wait_devices({"cola": H}, timeout=30)

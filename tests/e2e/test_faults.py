@@ -91,7 +91,8 @@ def test_only_sockets_colad_recorded_are_removed_and_live_ones_are_never_touched
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
 def test_a_filesystem_mounted_over_the_device_directory_is_followed(colad: ColadService, kubelet: FakeKubelet) -> None:
     kubelet.wait_devices({"cocacola", "peisicola"})
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "colad-test", str(colad.device_dir)], check=True)
+    # mode=0755: a tmpfs is 1777 by default, and a device directory anyone can write is refused (trust.py).
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "colad-test", str(colad.device_dir)], check=True)
     try:
         kubelet.wait_devices(set(), timeout=10)  # the mount hides the files below it
         colad.add("on-tmpfs")
