@@ -36,6 +36,8 @@ CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_l
 # The plugin's own: kubelet or run directory entries left alone; prepare programs not run (trust.py).
 PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
+# Connections to the metrics endpoint closed unserved (httpserver.py says when each applies).
+HTTP_REFUSAL_REASONS = ("evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -244,6 +246,13 @@ class Metrics:
             "method",
             "code",
         )
+        self.http_refused = _counter(
+            "colad_http_connections_refused",
+            "Connections to the metrics endpoint closed without an answer to their request, by reason.",
+            "reason",
+        )
+        for reason in HTTP_REFUSAL_REASONS:
+            self.http_refused.labels(reason)
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -264,6 +273,7 @@ class Metrics:
             self.pre_start_requests, self.cdi_fallbacks, self.allocate_duration, self.preferred_duration,
             self.device_set_changes, self.registrations, self.kubelet_restarts, self.server_restarts, self.list_cut,
             self.rpc_errors,
+            self.http_refused,
         )  # fmt: skip
 
     @property

@@ -254,7 +254,11 @@ class Plugin:
         self.observers = "up"
         self.roles = RoleHealth(self.cfg)
         if self.cfg.metrics_address:
-            self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics_address, self.health, self.ready)
+            refused = self.metrics.http_refused
+            self.metrics_server = MetricsServer(
+                self.metrics, self.cfg.metrics_address, self.health, self.ready,
+                on_refuse=lambda reason: refused.labels(reason).inc(),
+            )  # fmt: skip
             self.metrics_server.start()
         # Who holds which device, from the kubelet's PodResources API; the published names, so a reload counts.
         self.inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
