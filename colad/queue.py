@@ -13,6 +13,7 @@ import selectors
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 from colad import log, messages, snapshots
@@ -27,6 +28,13 @@ __all__ = ["Peer", "QueueClient", "QueueServer", "StatsReporter", "frame"]
 # Read at once: every change, every Stats and a snapshot of ~1,500 devices (a 10,000-device one is 7 reads).
 # Resident for good (0.125 MiB), as the 1 MiB that every recv() used to map and unmap was not.
 RECV_CHUNK = 128 * 1024
+# Publishers are discovery, the kubelet watcher and an operator's tool or two: more connections than
+# this (root's only; the socket is 0600) are closed at once, so none can take the plugin's descriptors.
+MAX_PEERS = 16
+# A frame begun must end within this (10,000 devices arrive in ms): a peer that stops half-way is
+# dropped, and the buffer it held (up to messages.MAX_MESSAGE_BYTES) with it. It reconnects with a snapshot.
+PARTIAL_FRAME_TIMEOUT = 10.0
+ACCEPT_PAUSE = 0.5  # after accept(2) fails for want of a resource (EMFILE, ENFILE, ENOBUFS, ENOMEM)
 
 
 class _Connection:
@@ -34,6 +42,7 @@ class _Connection:
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
+        self.partial_since: float | None = None  # when the unfinished frame in `buffer` began
 
 
 class QueueServer:
@@ -52,8 +61,10 @@ class QueueServer:
         allowed_uids: frozenset[int] | None = None,
         on_reject: Callable[[str], None] = lambda reason: None,
         receiver: snapshots.Receiver | None = None,
+        partial_frame_timeout: float = PARTIAL_FRAME_TIMEOUT,
     ) -> None:
         self.path = path
+        self.partial_frame_timeout = partial_frame_timeout
         self.on_message = on_message
         self.on_reject = on_reject
         self.allowed_uids = allowed_uids if allowed_uids is not None else frozenset({os.geteuid()})
@@ -71,6 +82,9 @@ class QueueServer:
         self._chunk = bytearray(RECV_CHUNK)
         self._chunk_view = memoryview(self._chunk)
         self.inode = 0
+        self._peers = 0
+        self._partial: set[_Connection] = set()  # connections holding part of a frame
+        self._paused_until: float | None = None  # the listener is out of the selector until then
 
     def start(self) -> None:
         claim_socket_path(self.path)
@@ -127,7 +141,7 @@ class QueueServer:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for key, _ in self._selector.select():
+            for key, _ in self._selector.select(self._wait()):
                 if key.data == "wake":
                     continue
                 try:
@@ -137,6 +151,28 @@ class QueueServer:
                         self._read(key.data)
                 except Exception:  # the loop boundary: log once, keep serving
                     LOG.exception("queue server error")
+            if self._partial or self._paused_until is not None:
+                self._expire()
+
+    def _wait(self) -> float | None:
+        """Seconds until a partial frame's deadline or the end of an accept pause; None (no wake) if neither."""
+        if not self._partial and self._paused_until is None:
+            return None
+        due = [c.partial_since + self.partial_frame_timeout for c in self._partial if c.partial_since is not None]
+        if self._paused_until is not None:
+            due.append(self._paused_until)
+        return max(0.0, min(due) - time.monotonic())
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self._partial if c.partial_since is not None]:
+            if now - conn.partial_since >= self.partial_frame_timeout:  # type: ignore[operator]
+                LOG.warning("queue peer dropped", reason="frame unfinished", peer_pid=conn.peer.pid)
+                self.on_reject("bad_message")
+                self._drop(conn, "frame unfinished")
+        if self._paused_until is not None and now >= self._paused_until and self._listener is not None:
+            self._paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -145,9 +181,16 @@ class QueueServer:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: the listener stays readable, so do not spin on it
-            LOG.warning("queue accept failed; pausing", path=self.path, error=exc)
+            LOG.warning("queue accept failed; pausing", path=self.path, error=exc, seconds=ACCEPT_PAUSE)
             self.on_reject("accept_failed")
-            self._stop.wait(0.5)
+            # Out of the selector meanwhile: the peers already connected are still read.
+            self._selector.unregister(self._listener)
+            self._paused_until = time.monotonic() + ACCEPT_PAUSE
+            return
+        if self._peers >= MAX_PEERS:
+            LOG.warning("queue peer refused", reason="too many peers", peers=self._peers)
+            self.on_reject("too_many_peers")
+            sock.close()
             return
         try:
             peer = peer_of(sock)
@@ -163,11 +206,14 @@ class QueueServer:
             return
         sock.setblocking(False)
         self._selector.register(sock, selectors.EVENT_READ, _Connection(sock, peer))
+        self._peers += 1
         LOG.debug("queue peer connected", peer_pid=peer.pid)
 
     def _drop(self, conn: _Connection, reason: str) -> None:
         self._selector.unregister(conn.sock)
         conn.sock.close()
+        self._peers -= 1
+        self._partial.discard(conn)
         self.tracker.forget_source(conn)
         self.receiver.forget_source(conn)
         LOG.debug("queue peer gone", peer_pid=conn.peer.pid, reason=reason)
@@ -187,6 +233,7 @@ class QueueServer:
             used = self._frames(conn, self._chunk_view[:got])
             if used is not None and used < got:
                 conn.buffer += self._chunk_view[used:got]
+                self._partial_began(conn)
             return
         conn.buffer += self._chunk_view[:got]
         # Decoded in place: a frame may be as large as messages.MAX_MESSAGE_BYTES, and a copy of it
@@ -196,6 +243,15 @@ class QueueServer:
             used = self._frames(conn, whole)
         if used:
             del conn.buffer[:used]
+            if conn.buffer:
+                self._partial_began(conn)
+            else:
+                conn.partial_since = None
+                self._partial.discard(conn)
+
+    def _partial_began(self, conn: _Connection) -> None:
+        conn.partial_since = time.monotonic()
+        self._partial.add(conn)
 
     def _frames(self, conn: _Connection, data: memoryview) -> int | None:
         """Hand on every whole frame at the start of `data`: the bytes used, None when `conn` was dropped."""

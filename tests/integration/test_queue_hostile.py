@@ -8,10 +8,12 @@ a real QueueServer on a real Unix socket, real files on disk. Also the
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 from colad import messages
 from colad.errors import InstanceError
 from colad.metrics import Metrics
-from colad.queue import QueueServer
+from colad.queue import MAX_PEERS, QueueServer, frame
 from colad.queue_client import QueueClient
 from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path
 from tests.helpers import wait_until
@@ -186,3 +188,77 @@ def test_input_counters_from_peers_are_exported_and_promtool_clean(short_tmp: Pa
     exposition = generate_latest(reg)
     check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    return sock
+
+
+def test_peers_past_the_cap_are_closed_at_once_and_the_others_kept(short_tmp: Path, serve: Serve) -> None:
+    path = short_tmp / "queue.sock"
+    server, inbox = serve(path)
+    held = [_connect(path) for _ in range(MAX_PEERS)]
+    extra = _connect(path)
+    try:
+        extra.settimeout(10)
+        assert extra.recv(1) == b""
+        assert inbox.rejects.count("too_many_peers") == 1
+        held[0].sendall(frame(stats(1, **{"rescans.start": 1})))
+        wait_until(lambda: inbox.of(messages.Stats), 10, "a peer under the cap still heard")
+        held.pop().close()  # a place comes free: the next publisher is served
+        client = QueueClient(str(path))
+        client.publish(stats(2, **{"rescans.start": 2}))
+        wait_until(lambda: len(inbox.of(messages.Stats)) == 2, 10, "a new peer heard once one left")
+        client.close()
+    finally:
+        for sock in [*held, extra]:
+            sock.close()
+
+
+def test_a_peer_that_stops_half_way_through_a_frame_is_dropped(short_tmp: Path, serve: Serve) -> None:
+    path = short_tmp / "queue.sock"
+    server, inbox = serve(path, partial_frame_timeout=0.5)
+    whole = frame(stats(1, **{"rescans.start": 1}))
+    with _connect(path) as slow, _connect(path) as idle:
+        slow.sendall(whole + whole[: len(whole) // 2])  # one frame, then half of the next
+        wait_until(lambda: inbox.of(messages.Stats), 10, "the whole frame heard")
+        slow.settimeout(10)
+        started = time.monotonic()
+        assert slow.recv(1) == b""
+        assert 0.3 <= time.monotonic() - started < 5
+        assert inbox.rejects.count("bad_message") == 1
+        idle.setblocking(False)  # a peer that sends nothing holds no buffer: it stays
+        with pytest.raises(BlockingIOError):
+            idle.recv(1)
+
+
+def test_accept_without_a_free_descriptor_pauses_and_keeps_reading_peers(short_tmp: Path, serve: Serve) -> None:
+    path = short_tmp / "queue.sock"
+    server, inbox = serve(path)
+    peer = _connect(path)
+    wait_until(lambda: server._peers == 1, 5, "the first peer accepted")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    filler = [os.open("/dev/null", os.O_RDONLY)]
+    late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        while filler[-1] < highest:
+            filler.append(os.open("/dev/null", os.O_RDONLY))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (filler[-1] + 1, hard))
+        late.connect(str(path))  # made before the limit, so the server's accept is the one that fails
+        wait_until(lambda: "accept_failed" in inbox.rejects, 5, "accept(2) to fail with EMFILE")
+        peer.sendall(frame(stats(1, **{"rescans.start": 1})))
+        wait_until(lambda: inbox.of(messages.Stats), 5, "a connected peer read during the pause")
+        time.sleep(1.0)  # two pauses at most, not a spin
+        assert 1 <= inbox.rejects.count("accept_failed") <= 4
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    wait_until(lambda: server._peers == 2, 5, "the waiting peer accepted once descriptors are back")
+    late.sendall(frame(stats(2, **{"rescans.start": 2})))
+    wait_until(lambda: len(inbox.of(messages.Stats)) == 2, 5, "the late peer heard")
+    peer.close()
+    late.close()
