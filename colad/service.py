@@ -337,15 +337,40 @@ SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
 SENT_AS_ENCODED = ("ListAndWatch",)
 
 
+class Workers(futures.ThreadPoolExecutor):
+    """gRPC's worker pool, where a thread that cannot be started leaves the call queued instead of failing.
+
+    grpc's server thread submits every call here; an exception from submit() (RuntimeError "can't start
+    new thread" at a task limit) would end that thread and with it every call the server gets. The call
+    is queued before the pool starts a thread for it, so it runs on the next free worker, or on the thread
+    the next submit() starts. Overrides the executor's one thread-starting step (CPython 3.8 to 3.13).
+    """
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self.start_failures = 0
+
+    def _adjust_thread_count(self) -> None:
+        try:
+            super()._adjust_thread_count()  # type: ignore[misc]
+        except RuntimeError as exc:
+            self.start_failures += 1
+            if self.start_failures == 1 or self.start_failures % 100 == 0:
+                LOG.warning("gRPC worker not started; the call waits for a free one", error=str(exc),
+                            workers=len(self._threads), failures=self.start_failures)  # fmt: skip
+
+
 def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
     """A server bound to `socket_path`, not yet started; every method of the service through rpc.handlers."""
     served = rpc.handlers(
         SERVICE, servicer, pb, servicer.metrics.rpc_errors, raw=SENT_AS_ENCODED, fields={"resource": servicer.resource}
     )
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="grpc"),
+        Workers(WORKERS, "grpc"),
         handlers=[served],
         options=[("grpc.so_reuseport", 0)],
+        # Calls past this are refused (RESOURCE_EXHAUSTED), never queued without bound behind busy workers.
+        maximum_concurrent_rpcs=WORKERS,
     )
     if server.add_insecure_port("unix:" + socket_path) == 0:
         raise OSError(f"cannot listen on {socket_path}")

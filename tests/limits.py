@@ -1,0 +1,87 @@
+"""Kernel limits confined to the processes under test: a child pids cgroup (v1) and prlimit.
+
+Never the machine's: the group is made under /sys/fs/cgroup/pids, its members are moved back to the
+root group and the group removed on exit, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+PIDS_ROOT = Path("/sys/fs/cgroup/pids")
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU of a whole process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class PidsGroup:
+    """A child group of the pids controller with its own pids.max."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(f"{pid}\n")  # the process and all its threads
+
+    def set_max(self, limit: int | str) -> None:
+        (self.path / "pids.max").write_text(f"{limit}\n")
+
+    def current(self) -> int:
+        return int((self.path / "pids.current").read_text())
+
+    def refused(self) -> int:
+        """Forks and clones refused at pids.max so far (the events file's max line)."""
+        for line in (self.path / "pids.events").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "max":
+                return int(value)
+        return 0
+
+
+@contextlib.contextmanager
+def pids_group(name: str, pids: Iterable[int] = (), limit: int | str = "max") -> Iterator[PidsGroup]:
+    if not (PIDS_ROOT / "cgroup.procs").exists():
+        raise RuntimeError(f"no pids cgroup controller at {PIDS_ROOT}")
+    path = PIDS_ROOT / f"{name}-{os.getpid()}"
+    path.mkdir()
+    group = PidsGroup(path)
+    try:
+        group.set_max(limit)
+        for pid in pids:
+            group.add(pid)
+        yield group
+    finally:
+        for _ in range(50):  # processes may fork meanwhile: move until empty
+            members = (path / "cgroup.procs").read_text().split()
+            if not members:
+                break
+            for pid in members:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    (PIDS_ROOT / "cgroup.procs").write_text(f"{pid}\n")
+        for _ in range(50):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def set_nofile(pid: int, limit: int) -> None:
+    """Soft and hard RLIMIT_NOFILE of a running process (prlimit(1))."""
+    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True)
