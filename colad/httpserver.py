@@ -39,7 +39,7 @@ LANE_BACKLOG = 8  # whole requests waiting for a lane; past it the request is an
 WRITE_TIMEOUT = 5.0  # seconds a lane waits for a client to take its answer
 # File descriptors left to the rest of the plugin (gRPC's server and the Register call after a kubelet
 # restart, the queue, the state file): a connection that lands within this many of the soft limit
-# is closed at once.
+# replaces the oldest one being read, or is closed at once.
 FD_RESERVE = 32
 ACCEPT_BACKOFF = (0.05, 1.0)  # after accept(2) fails for want of a resource: first pause, cap (doubling)
 LISTEN_BACKLOG = 16
@@ -343,12 +343,14 @@ class MetricsServer:
             if self._accept_failures:
                 LOG.info("metrics accepting again", failures=self._accept_failures)
                 self._accept_failures, self._backoff = 0, ACCEPT_BACKOFF[0]
-            if soft != resource.RLIM_INFINITY and sock.fileno() >= soft - FD_RESERVE:
+            # Near the file limit the cap shrinks to what the server holds already: a newcomer takes the
+            # place of the oldest unfinished request, or is refused when there is none.
+            short = soft != resource.RLIM_INFINITY and sock.fileno() >= soft - FD_RESERVE
+            if short and not self._reading:
                 self._refuse(sock, "fd_reserve", response(503, b"colad: busy\n"))
                 continue
-            if len(self._reading) >= MAX_CONNECTIONS:
-                oldest = next(iter(self._reading))
-                self._close(self._reading[oldest], "evicted")
+            if short or len(self._reading) >= MAX_CONNECTIONS:
+                self._close(next(iter(self._reading.values())), "evicted")
             sock.setblocking(False)
             reading = _Reading(sock, self.clock() + self.request_timeout)
             self._reading[sock.fileno()] = reading

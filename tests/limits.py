@@ -82,6 +82,15 @@ def pids_group(name: str, pids: Iterable[int] = (), limit: int | str = "max") ->
                 time.sleep(0.05)
 
 
-def set_nofile(pid: int, limit: int) -> None:
-    """Soft and hard RLIMIT_NOFILE of a running process (prlimit(1))."""
-    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True)
+def set_nofile(pid: int, soft: int) -> None:
+    """The soft RLIMIT_NOFILE of a running process (prlimit(1)); the hard one stays, so this can be undone
+    without CAP_SYS_RESOURCE (a process may raise its soft limit up to the hard one, as supervisord does)."""
+    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={soft}:"], check=True, capture_output=True, text=True)
+
+
+def soft_nofile(pid: int) -> int:
+    out = subprocess.run(
+        ["prlimit", f"--pid={pid}", "--nofile", "--raw", "--noheadings", "--output=SOFT"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return int(out.strip())
