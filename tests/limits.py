@@ -94,3 +94,28 @@ def soft_nofile(pid: int) -> int:
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     return int(out.strip())
+
+
+# The budgets the shipped limits must hold (systemd/colad.service, conf/supervisord.conf, the DaemonSet),
+# from the constants that bound each part. Measured at rest with one resource: supervisord 1 task and
+# ~15 files, discovery and kubelet-watch 1 task and ~9 files each, the plugin 15 threads and ~20 files.
+PLUGIN_FIXED_THREADS = 16  # at rest, the HTTP server's selector thread and two lanes included
+PLUGIN_FIXED_FDS = 24
+FDS_PER_RESOURCE = 4  # its gRPC socket, the kubelet's connection, a Register channel, grpc's wakeup fd
+
+
+def task_budget() -> int:
+    """Every task of a colad with the most resources allowed, each with every gRPC worker busy."""
+    from colad.config import MAX_RESOURCES
+    from colad.service import WORKERS
+
+    return 1 + 1 + 1 + PLUGIN_FIXED_THREADS + MAX_RESOURCES * (WORKERS + 1)
+
+
+def plugin_fd_budget() -> int:
+    """The plugin's files with the most resources, the queue full of peers and the HTTP server at its cap."""
+    from colad import httpserver, queue
+    from colad.config import MAX_RESOURCES
+
+    http = httpserver.MAX_CONNECTIONS + 2 * (httpserver.LANE_BACKLOG + 1) + httpserver.FD_RESERVE
+    return PLUGIN_FIXED_FDS + MAX_RESOURCES * FDS_PER_RESOURCE + queue.MAX_PEERS + http

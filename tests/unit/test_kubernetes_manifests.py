@@ -29,6 +29,7 @@ from colad import __version__
 from colad import config as config_mod
 from colad.errors import ConfigError
 from colad.metrics import parse_address
+from tests.limits import plugin_fd_budget, task_budget
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -406,3 +407,14 @@ def test_kustomize_renders_objects_that_validate(docs: list[dict[str, Any]]) -> 
     (image,) = kustomization["images"]
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == f"{image['newName']}:{image['newTag']}"
     assert image["newTag"] == __version__, "make image tags localhost/colad:<version>"
+
+
+def test_task_and_file_limits_no_pod_field_sets_are_documented_and_supervisord_states_its_own() -> None:
+    text = (ROOT / "packaging" / "kubernetes" / "daemonset.yaml").read_text()
+    match = re.search(r"podPidsLimit.*?keep it >= (\d+)", text, re.S)
+    assert match, "the DaemonSet says nothing of the node's podPidsLimit"
+    assert int(match.group(1)) >= task_budget()
+    template = (ROOT / "conf" / "supervisord.conf").read_text()
+    minfds = int(re.search(r"^minfds=(\d+)$", template, re.M).group(1))  # type: ignore[union-attr]
+    assert minfds >= plugin_fd_budget()
+    assert re.search(r"^minprocs=\d+$", template, re.M)

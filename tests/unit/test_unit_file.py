@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import plugin_fd_budget, task_budget
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +99,14 @@ def test_writes_only_to_the_kubelet_directory_the_cdi_directory_and_its_run_dire
     assert "PrivateDevices" not in unit
     # Unix sockets (kubelet, queue, /dev/log) and the metrics listener; nothing else.
     assert unit["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+
+
+def test_task_and_file_limits_are_explicit_explained_and_hold_the_worst_case() -> None:
+    unit = settings()
+    tasks, files = int(unit["TasksMax"][0]), int(unit["LimitNOFILE"][0])
+    assert tasks >= task_budget(), f"TasksMax={tasks} below {task_budget()}"
+    assert files >= plugin_fd_budget(), f"LimitNOFILE={files} below {plugin_fd_budget()}"
+    lines = UNIT.read_text().splitlines()
+    for key in ("TasksMax=", "LimitNOFILE="):
+        at = next(i for i, line in enumerate(lines) if line.startswith(key))
+        assert lines[at - 1].startswith("#"), f"{key} has no comment explaining its value"
