@@ -34,7 +34,8 @@ from colad import messages
 from colad.devices import Device, DeviceSet
 from colad.queue import frame
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.flood import flooding
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import PROGRAMS, ColadService
 from tests.userns import InotifyLimits
 
@@ -115,6 +116,7 @@ class Chaos:
             "slow_files": self.slow_files,
             "config_alias_reload": self.config_alias_reload,
             "inotify_limits": self.inotify_limits,
+            "http_flood": self.http_flood,
         }
 
     # ---- life cycle ----
@@ -500,6 +502,22 @@ class Chaos:
         finally:
             self.config.write_text(self.good_config)
             (self.colad.device_dir / "nested").rmdir()
+
+    # ---- faults: the metrics port ----
+    def http_flood(self) -> None:
+        """Idle half-sent requests and rapid connections on the metrics port for 1-4 s (loopback), a kubelet
+        restart in the middle of one flood in two; /healthz must answer 200 within 5 s meanwhile."""
+        address = metrics_address(self.colad.run_dir)
+        seconds = self.rng.uniform(1.0, 4.0)
+        with flooding(address, idle_rate=self.rng.choice([6, 40, 100]), rapid_rate=200) as flood:
+            wait_until(lambda: flood.counts.idle_opened >= 5, 10, "the flood under way")
+            code, body = http_get(f"http://{address}/healthz")
+            assert code == 200, f"/healthz {code} {body.strip()} during an HTTP flood"
+            if self.rng.random() < 0.5:
+                self.kubelet.restart()
+                self.change_devices()
+            time.sleep(seconds)
+        self.change_devices()
 
     # ---- the loop ----
     def inject(self, fault: str) -> Record:
