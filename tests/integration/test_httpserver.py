@@ -264,3 +264,25 @@ def test_a_connection_near_the_descriptor_limit_is_refused_to_keep_the_reserve(s
 def test_parse_head(head: bytes, expected: tuple[str, str, str] | None) -> None:
     request = parse_head(head)
     assert (request and (request.method, request.path, request.query)) == expected
+
+
+def test_near_the_descriptor_limit_a_newcomer_takes_the_place_of_the_oldest_unfinished_request(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve()
+    stalled = [served.connect() for _ in range(4)]
+    wait_until(lambda: len(served.server._reading) == 4, 5, "four half-sent requests held")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler = _fill_holes()
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (filler[-1] + 2 + httpserver.FD_RESERVE, hard))
+        code, body = http_get(served.url + "/healthz")
+        code_again, _ = http_get(served.url + "/healthz")
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (code, body, code_again) == (200, "ok\n", 200)
+    assert served.refused("evicted") >= 1 and served.refused("fd_reserve") == 0
+    assert closed_by_server(stalled[0])
+    assert not closed_by_server(stalled[-1])
