@@ -369,10 +369,13 @@ class MetricsServer:
         self._paused_until = self.clock() + self._backoff
         self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF[1])
 
-    def _close(self, reading: _Reading, reason: str) -> None:
+    def _forget(self, reading: _Reading) -> None:
         assert self._selector is not None
         self._selector.unregister(reading.sock)
         del self._reading[reading.sock.fileno()]
+
+    def _close(self, reading: _Reading, reason: str) -> None:
+        self._forget(reading)
         self._refuse(reading.sock, reason)
 
     def _expire(self) -> None:
@@ -392,7 +395,11 @@ class MetricsServer:
         except OSError:
             data = b""
         if not data:
-            self._close(reading, "bad_request")
+            if reading.buffer:
+                self._close(reading, "bad_request")
+            else:  # connected and closed without a word: a TCP check (the DaemonSet's liveness probe)
+                self._forget(reading)
+                reading.sock.close()
             return
         reading.buffer += data
         end = reading.buffer.find(b"\r\n\r\n")
@@ -412,15 +419,11 @@ class MetricsServer:
                 reading, "bad_request", response(405, b"colad: GET or HEAD only\n", [("Allow", "GET, HEAD")])
             )
             return
-        assert self._selector is not None
-        self._selector.unregister(reading.sock)
-        del self._reading[reading.sock.fileno()]
+        self._forget(reading)
         lane = self._lanes["metrics" if request.path == "/metrics" else "health"]
         if not lane.offer(reading.sock, request):
             self._refuse(reading.sock, "busy", response(503, b"colad: busy\n"))
 
     def _hand_back(self, reading: _Reading, reason: str, answer: bytes) -> None:
-        assert self._selector is not None
-        self._selector.unregister(reading.sock)
-        del self._reading[reading.sock.fileno()]
+        self._forget(reading)
         self._refuse(reading.sock, reason, answer)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from colad import httpserver
+from colad import metrics as metrics_mod
 from colad.httpserver import MAX_CONNECTIONS, MAX_REQUEST_BYTES, MetricsServer, parse_head
 from colad.metrics import Metrics
 from tests.helpers import http_get, wait_until
@@ -286,3 +287,13 @@ def test_near_the_descriptor_limit_a_newcomer_takes_the_place_of_the_oldest_unfi
     assert served.refused("evicted") >= 1 and served.refused("fd_reserve") == 0
     assert closed_by_server(stalled[0])
     assert not closed_by_server(stalled[-1])
+
+
+def test_a_tcp_check_that_connects_and_closes_is_not_counted_as_refused(serve: Callable[..., Served]) -> None:
+    served = serve()
+    for _ in range(5):
+        served.connect(b"").close()
+    served.connect(b"GET /heal").close()
+    wait_until(lambda: served.refused("bad_request") == 1, 5, "the half-sent request counted")
+    assert not served.server._reading
+    assert sum(served.refused(r) for r in metrics_mod.HTTP_REFUSAL_REASONS) == 1
