@@ -32,15 +32,24 @@ def test_scrape_passes_promtool_check_metrics(colad: ColadService, kubelet: Fake
     kubelet.allocate(["cocacola"])
     address = metrics_address(colad.run_dir)
     assert address.startswith("127.0.0.1:")
-    status, text = http_get(f"http://{address}/metrics")
-    assert status == 200
+    roles = ("plugin", "discovery", "kubelet-watch", "supervisord")
+    # kubelet-watch starts last (priority 300) and reports its pid over the queue: it may not have yet.
+    status, text = wait_until(
+        lambda: (
+            (r := http_get(f"http://{address}/metrics"))[0] == 200
+            and all(f'colad_process_resident_memory_bytes{{role="{role}"}}' in r[1] for role in roles)
+            and r
+        ),
+        10,
+        "every role's process metrics in the scrape",
+    )
     check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert 'colad_allocate_requests_total{resource="myway5.com/cola",result="success"} 1.0' in samples
     assert 'colad_devices{health="Healthy",resource="myway5.com/cola"} 2.0' in samples
     assert 'colad_registered{resource="myway5.com/cola"} 1.0' in samples
-    for role in ("plugin", "discovery", "kubelet-watch", "supervisord"):
+    for role in roles:
         assert any(s.startswith(f'colad_process_resident_memory_bytes{{role="{role}"}}') for s in samples), role
     assert any(s.startswith("colad_build_info{") for s in samples)
     assert not any("_created" in s for s in samples)
