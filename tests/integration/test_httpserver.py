@@ -297,3 +297,19 @@ def test_a_tcp_check_that_connects_and_closes_is_not_counted_as_refused(serve: C
     wait_until(lambda: served.refused("bad_request") == 1, 5, "the half-sent request counted")
     assert not served.server._reading
     assert sum(served.refused(r) for r in metrics_mod.HTTP_REFUSAL_REASONS) == 1
+
+
+def test_an_address_in_use_is_a_false_start_with_no_thread_left_and_a_later_start_serves(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve()
+    threads = threading.active_count()
+    second = MetricsServer(Metrics(), served.server.bound, lambda: (True, "second"))
+    assert second.start() is False and second.server is None
+    assert threading.active_count() == threads
+    served.server.stop()
+    assert second.start() is True
+    try:
+        assert http_get(f"http://{second.bound}/healthz") == (200, "second\n")
+    finally:
+        second.stop()
