@@ -188,6 +188,10 @@ class Config:
     def plugin_state_file(self) -> str:
         return os.path.join(self.run_dir, constants.PLUGIN_STATE_NAME)
 
+    @property
+    def status_socket(self) -> str:
+        return os.path.join(self.run_dir, constants.STATUS_SOCKET_NAME)
+
     def environment(self, *, pinned_only: bool = False) -> dict[str, str]:
         """This config as COLAD_* variables: a child that loads them gets the same Config.
 

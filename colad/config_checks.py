@@ -87,6 +87,7 @@ _DIR_SOCKETS: dict[str, tuple[tuple[str, str], ...]] = {
     "run_dir": (
         (f"{constants.QUEUE_SOCKET_NAME}.<pid>.tmp", f"{constants.QUEUE_SOCKET_NAME}.{_PID}.tmp"),  # queue.py staging
         (f"{constants.SUPERVISOR_SOCKET_NAME}.<pid>", f"{constants.SUPERVISOR_SOCKET_NAME}.{_PID}"),  # supervisor's
+        (constants.STATUS_SOCKET_NAME, constants.STATUS_SOCKET_NAME),  # status_socket.py
     ),
 }
 

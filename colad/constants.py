@@ -42,6 +42,7 @@ SUPERVISOR_CONF_NAME: Final = "supervisord.conf"
 # In a subdirectory: discovery and kubelet-watch watch run_dir itself for queue.sock, and
 # every state-file rename there would wake them on the path of a device change.
 PLUGIN_STATE_NAME: Final = "state/plugin.json"
+STATUS_SOCKET_NAME: Final = "state/status.sock"  # the plugin answers `colad status` here (status_socket.py)
 COLA_DEVICES_ENV: Final = "COLA_DEVICES"
 
 # kubernetes/kubelet pkg/apis/podresources: the kubelet's PodResources socket (pod-resources/kubelet.sock).

@@ -253,6 +253,9 @@ class Metrics:
         )
         for reason in HTTP_REFUSAL_REASONS:
             self.http_refused.labels(reason)
+        self.state_file_failures = _counter(
+            "colad_state_file_write_failures", "Writes of the plugin's state file that failed (each is retried)."
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -274,6 +277,7 @@ class Metrics:
             self.device_set_changes, self.registrations, self.kubelet_restarts, self.server_restarts, self.list_cut,
             self.rpc_errors,
             self.http_refused,
+            self.state_file_failures,
         )  # fmt: skip
 
     @property

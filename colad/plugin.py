@@ -9,6 +9,7 @@ What Register does not need (prometheus_client, the HTTP server, the in-use watc
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -16,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from colad import config as config_mod
@@ -28,7 +30,7 @@ from colad.errors import ConfigError, InstanceError
 from colad.framing import Peer
 from colad.kubeletdir import socket_identity
 from colad.metrics import Metrics
-from colad.plugin_health import Published, degraded, readiness, verdict
+from colad.plugin_health import Published, Verdict, assess, degraded, readiness
 from colad.plugin_sockets import Sockets
 from colad.socketpath import SocketRecord
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from colad.httpserver import MetricsServer
     from colad.podresources import InUseWatcher
     from colad.status import RoleHealth
+    from colad.status_socket import StatusSocket
 
 LOG = log.get(__name__)
 
@@ -48,6 +51,7 @@ SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: t
 # of one change or re-registration cost one or two writes, not one each (a change waits for its send, ms
 # later); the file is never more than this behind the published snapshot.
 STATE_FILE_INTERVAL = 0.05
+STATE_FILE_RETRY = 1.0  # a state file that could not be written (a full run directory) is tried again this often
 
 
 class Plugin:
@@ -68,6 +72,7 @@ class Plugin:
         self.metrics = Metrics(per_device=cfg.metrics_per_device, snapshot=lambda: self.published.state)
         self.metrics_server: MetricsServer | None = None
         self.roles: RoleHealth | None = None
+        self.status_socket: StatusSocket | None = None
         self.inuse: InUseWatcher | None = None
         self.observers = ""  # "": not asked yet; "loading"; "up"
         # A SimpleQueue: put and get in C, no Python Condition per hand-off (every change crosses it twice).
@@ -95,6 +100,8 @@ class Plugin:
         self.published = Published(statefile.PluginState(pid=os.getpid()), self.discovery_heard, cfg.rescan_interval)
         self.state_due: float | None = None  # when the state file must catch up with `published` (None: it has)
         self.state_written = -STATE_FILE_INTERVAL  # monotonic time of the last write
+        self.state_failures = 0  # failed writes in a row (each counted in the metric)
+        self.state_problem = ""  # for /healthz and status while writes fail
 
     # Called from other threads: only post events.
     def _on_message(self, message: messages.Message, peer: Peer) -> None:
@@ -111,12 +118,29 @@ class Plugin:
 
     def health(self) -> tuple[bool, str]:
         """For /healthz (the HTTP thread): the published snapshot and the roles, never live fields."""
+        found = self.assess()
+        return found.ok, found.line()
+
+    def assess(self, *, fresh: bool = False) -> Verdict:
+        """The health rule on the published snapshot; `fresh`: ask supervisord now, not from the cache."""
         roles = self.roles
         if roles is None:  # asked before the observers are up (a test may): a check of its own
             from colad.status import RoleHealth
 
             roles = RoleHealth(self.cfg)
-        return verdict(self.published, roles.problems(), self.clock())
+        return assess(self.published, roles.view(fresh=fresh), self.clock())
+
+    def status_answer(self) -> bytes:
+        """For the status socket (its thread): the verdict, readiness and published state, stamped."""
+        published = self.published
+        found = self.assess(fresh=True)
+        ready, why = readiness(published, self.clock())
+        body = {
+            **statefile.stamped(published.state),
+            "health": {"ok": found.ok, "reason": found.line(), "problems": found.problems, "waiting": found.waiting},
+            "ready": {"ok": ready, "reason": why},
+        }
+        return json.dumps(body).encode()
 
     def ready(self) -> tuple[bool, str]:
         """For /readyz (the HTTP thread): registered, streamed, list exact; from the published snapshot."""
@@ -135,7 +159,9 @@ class Plugin:
         )
         held, changed = self.published, state != self.published.state  # the one deep comparison
         kept = state if changed else held.state  # unchanged: the same object, compared by identity below
-        published = Published(kept, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem)
+        published = Published(
+            kept, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem, self.state_problem
+        )
         if published == held:
             return
         if changed:
@@ -152,9 +178,26 @@ class Plugin:
     def write_state(self, *, now: bool = False) -> None:
         """Write the published snapshot to the state file once it is due (or `now`), if it changed."""
         at = self.clock()
-        if self.state_due is not None and (now or at >= self.state_due):
-            self.state_due, self.state_written = None, at
-            statefile.write(self.cfg.plugin_state_file, self.published.state)
+        if self.state_due is None or not (now or at >= self.state_due):
+            return
+        self.state_due, self.state_written = None, at
+        path = self.cfg.plugin_state_file
+        error = statefile.write(path, self.published.state)
+        if error:
+            # Retried until it is written; said once, counted each time, on /healthz and status meanwhile.
+            self.state_due = at + STATE_FILE_RETRY
+            self.state_failures += 1
+            self.metrics.state_file_failures.inc()
+            if self.state_failures == 1:
+                LOG.warning("state file not written; retrying", path=path, error=error, every_s=STATE_FILE_RETRY)
+            problem = f"state file not written: {path}: {error} (retrying every {STATE_FILE_RETRY:g}s)"
+        else:
+            if self.state_failures:
+                LOG.info("state file written again", path=path, failures=self.state_failures)
+            self.state_failures, problem = 0, ""
+        if problem != self.state_problem:
+            self.state_problem = problem
+            self.published = replace(self.published, state_file_problem=problem)
 
     def handle(self, event: ev.Event) -> None:
         now = self.clock()
@@ -236,6 +279,7 @@ class Plugin:
                 import colad.podresources  # noqa: F401
                 import colad.prestart  # noqa: F401 - before the first PreStartContainer needs it
                 import colad.status  # noqa: F401
+                import colad.status_socket  # noqa: F401
             except Exception as exc:  # a broken install: the plugin still serves the kubelet
                 LOG.exception("metrics and health not available")
                 self.events.put(ev.ObserversLoaded(str(exc) or type(exc).__name__))
@@ -250,9 +294,12 @@ class Plugin:
         from colad.httpserver import MetricsServer
         from colad.podresources import InUseWatcher
         from colad.status import RoleHealth
+        from colad.status_socket import StatusSocket
 
         self.observers = "up"
         self.roles = RoleHealth(self.cfg)
+        self.status_socket = StatusSocket(self.cfg.status_socket, self.status_answer)
+        self.status_socket.start()
         if self.cfg.metrics_address:
             refused = self.metrics.http_refused
             self.metrics_server = MetricsServer(
@@ -274,6 +321,9 @@ class Plugin:
             self.sockets.check_queue()
             if self.metrics_server is not None and self.metrics_server.server is None:
                 self.metrics_server.start()
+            if self.status_socket is not None and not self.status_socket.intact():
+                self.status_socket.stop()
+                self.status_socket.start()
             self.check_kubelet("periodic")
         return bool(due) or safety
 
@@ -371,6 +421,8 @@ class Plugin:
         self.publish()
         self.write_state(now=True)
         self.sockets.stop()
+        if self.status_socket is not None:
+            self.status_socket.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         LOG.info("plugin stopped")

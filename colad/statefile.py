@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
-from colad import files, log
+from colad import files, log, procid
 from colad.constants import UNHEALTHY
 from colad.devices import DeviceSet, base_id
 from colad.errors import ColadError
@@ -375,21 +376,80 @@ def read_reload(path: str) -> ReloadResult | None:
         return None
 
 
+def _replace(path: str, body: object) -> str:
+    """Replace the JSON file `path` atomically (0600, in a 0700 directory): "" when done, else why not."""
+    try:
+        # One write of the whole text (json.dump makes many small ones).
+        files.replace(path, json.dumps(body).encode("utf-8"), 0o600, 0o700)
+    except (OSError, ValueError, TypeError) as exc:
+        return str(exc) or type(exc).__name__
+    return ""
+
+
+_FAILING: set[str] = set()  # paths whose last write_json failed
+
+
 def write_json(path: str, body: object) -> bool:
     """Replace the JSON file `path` atomically (0600, in a 0700 directory); False (logged), never raises.
 
     Readers see the old file or the new one, never half of one; a state file is
     never worth a crash. The socket record and the in-use view are written this way too.
     """
-    try:
-        # One write of the whole text (json.dump makes many small ones).
-        files.replace(path, json.dumps(body).encode("utf-8"), 0o600, 0o700)
-    except (OSError, ValueError, TypeError) as exc:
-        LOG.warning("state file not written", path=path, error=exc)
-        return False
-    return True
+    error = _replace(path, body)
+    if error and path not in _FAILING:  # said once per run of failures: a full disk is not news every write
+        _FAILING.add(path)
+        LOG.warning("state file not written", path=path, error=error)
+    elif not error and path in _FAILING:
+        _FAILING.discard(path)
+        LOG.info("state file written again", path=path)
+    return not error
 
 
-def write(path: str, state: PluginState) -> bool:
-    """Publish `state` to the file at `path` (see write_json): True when written."""
-    return write_json(path, to_json(state))
+@dataclass(frozen=True)
+class Stamp:
+    """Who wrote a state file and when: its writer, CLOCK_BOOTTIME of that boot, wall time (for people)."""
+
+    writer: procid.ProcessId | None = None  # None: a file from a colad that did not say
+    boottime: float | None = None
+    wall: float | None = None
+
+    def age(self) -> float | None:
+        """Seconds since the write, on this boot's clock; None for a file of another boot or of unknown age."""
+        if self.writer is None or self.boottime is None or self.writer.boot_id != procid.boot_id():
+            return None
+        return max(0.0, procid.boottime() - self.boottime)
+
+
+def stamp_of(raw: dict[str, object]) -> Stamp:
+    """The writer and time a state file records; an empty Stamp when it records none (never raises)."""
+    who, when = raw.get("writer"), raw.get("written")
+    writer = None
+    if isinstance(who, dict):
+        boot, pid, start = who.get("boot_id"), who.get("pid"), who.get("start")
+        if isinstance(boot, str) and isinstance(pid, int) and isinstance(start, int):
+            writer = procid.ProcessId(boot, pid, start)
+    when = when if isinstance(when, dict) else {}
+    boottime, wall = when.get("boottime"), when.get("wall")
+    return Stamp(
+        writer,
+        float(boottime) if isinstance(boottime, int | float) and not isinstance(boottime, bool) else None,
+        float(wall) if isinstance(wall, int | float) and not isinstance(wall, bool) else None,
+    )
+
+
+def stamped(state: PluginState) -> dict[str, object]:
+    """The file's JSON object with who writes it and when (the status socket answers the same object)."""
+    me = procid.current()
+    return {
+        **to_json(state),
+        "writer": {"boot_id": me.boot_id, "pid": me.pid, "start": me.start},
+        "written": {"boottime": procid.boottime(), "wall": time.time()},
+    }
+
+
+def write(path: str, state: PluginState) -> str:
+    """Publish `state` to the file at `path`, stamped: "" when written, else why not.
+
+    Not logged here: the plugin says once that writes fail, retries, and reports it on /healthz.
+    """
+    return _replace(path, stamped(state))

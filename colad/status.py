@@ -1,9 +1,10 @@
 """`colad status`: each process' state, whether the plugin is registered, the device count, and who holds each device.
 
-Reads supervisord's XML-RPC on <run_dir>/supervisor.sock, the plugin's state file and the
-in-use view (state/inuse.json); writes a table (or JSON). The in-use view never changes the exit
-code: 0 registered, every process RUNNING or STARTING; 1 degraded; 3 colad is not running;
-4 starting: not registered yet, for no reason but the start (man colad(8)).
+Reads supervisord's XML-RPC on <run_dir>/supervisor.sock and asks the plugin itself on its status
+socket (status_socket.py): its verdict is the one /healthz gives (plugin_health.assess). Only when the
+plugin cannot be asked is its state file shown, with its age and writer, and never as healthy. Also
+reads the in-use view (state/inuse.json), which never changes the exit code: 0 healthy (as /healthz
+200); 1 degraded; 3 colad is not running; 4 starting: not registered yet, for no reason but the start.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from colad import inuse, pathtrust, statefile
+from colad import inuse, pathtrust, procid, statefile, status_socket
 from colad.config import Config
+from colad.plugin_health import STARTING, RoleView, role_view
 from colad.statefile import StateFileError, StateFileMissing
+from colad.status_socket import NoAnswer
 
-PROGRAMS = ("plugin", "discovery", "kubelet-watch")
-STARTING = "STARTING"  # supervisord's state for a process in its first startsecs
 EXIT_DEGRADED, EXIT_NOT_RUNNING, EXIT_STARTING = 1, 3, 4
-# A resource in these states, with no error yet, is on its way to registering, not failing.
-_ON_ITS_WAY = ("starting", "registering")
 ROLE_CHECK_TIMEOUT = 1.0  # /healthz must answer fast even when supervisord is busy
 ROLE_CHECK_CACHE = 2.0  # seconds a role check is reused: probes and scrapes must not hammer supervisord
 
@@ -69,17 +68,8 @@ def supervisor_proxy(socket_path: str, timeout: float = 10.0) -> Any:
     return xmlrpc.client.ServerProxy("http://localhost", transport=_UnixTransport(socket_path, timeout))
 
 
-def not_running(infos: list[dict[str, Any]], *, but: tuple[str, ...] = ()) -> list[str]:
-    """ "<name> is <STATE>" for every process supervisord runs that is not RUNNING (or in `but`) (pure)."""
-    problems = []
-    for info in sorted(infos, key=lambda i: str(i.get("name"))):
-        if info.get("statename") not in ("RUNNING", *but):
-            problems.append(f"{info.get('name')} is {info.get('statename')}")
-    return problems
-
-
 class RoleHealth:
-    """For the plugin's /healthz: which colad processes supervisord reports as not RUNNING.
+    """For the plugin's health: supervisord's view of colad's processes (`plugin_health.role_view`).
 
     Asked over XML-RPC with a short timeout and cached briefly. A plugin that is not a
     child of the supervisord of its run directory (run alone, as the integration tests
@@ -91,7 +81,7 @@ class RoleHealth:
         self.pid_file = os.path.join(cfg.run_dir, "supervisord.pid")
         self.clock = clock
         self._lock = threading.Lock()
-        self._cached: tuple[float, list[str] | None] | None = None
+        self._cached: tuple[float, RoleView | None] | None = None
 
     def supervised(self) -> bool:
         try:
@@ -100,26 +90,42 @@ class RoleHealth:
         except (OSError, ValueError):
             return False
 
-    def problems(self) -> list[str] | None:
-        """None when there is no supervisord to ask; else every process not RUNNING (or why we cannot tell)."""
+    def view(self, *, fresh: bool = False) -> RoleView | None:
+        """None when there is no supervisord to ask; else what its answer means (or why there is none).
+
+        `fresh` (the status socket) asks now and refreshes the cache /healthz reads.
+        """
         with self._lock:
             now = self.clock()
-            if self._cached is not None and now - self._cached[0] < ROLE_CHECK_CACHE:
+            if not fresh and self._cached is not None and now - self._cached[0] < ROLE_CHECK_CACHE:
                 return self._cached[1]
             result = self._ask()
             self._cached = (self.clock(), result)
             return result
 
-    def _ask(self) -> list[str] | None:
+    def _ask(self) -> RoleView | None:
         if not self.supervised():
             return None
+        proxy = supervisor_proxy(self.socket_path, ROLE_CHECK_TIMEOUT)
         try:
-            infos = supervisor_proxy(self.socket_path, ROLE_CHECK_TIMEOUT).supervisor.getAllProcessInfo()
+            infos = proxy.supervisor.getAllProcessInfo()
         except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
-            return [f"supervisord not answering on {self.socket_path}: {exc}"]
+            return RoleView((f"supervisord not answering on {self.socket_path}: {exc}",))
         if not isinstance(infos, list):
-            return [f"supervisord answered {type(infos).__name__}, not a process list"]
-        return not_running([i for i in infos if isinstance(i, dict)])
+            return RoleView((f"supervisord answered {type(infos).__name__}, not a process list",))
+        return role_view([i for i in infos if isinstance(i, dict)], watchdog=restarts(proxy)[1])
+
+
+def restarts(proxy: Any) -> tuple[list[dict[str, Any]], str]:
+    """The watchdog's coming starts of FATAL roles (colad.getRestarts, inside supervisord), and why a
+    FATAL role would stay down ("" when it would not): no watchdog in supervisord, or none answering."""
+    try:
+        coming = proxy.colad.getRestarts()
+    except xmlrpc.client.Fault:  # UNKNOWN_METHOD: a template without [rpcinterface:colad]
+        return [], "no watchdog in supervisord (no [rpcinterface:colad]): a FATAL role stays down"
+    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+        return [], f"watchdog not answering in supervisord: {exc}"
+    return ([r for r in coming if isinstance(r, dict)] if isinstance(coming, list) else []), ""
 
 
 def collect(cfg: Config) -> dict[str, Any]:
@@ -161,8 +167,8 @@ def read_in_use(cfg: Config) -> dict[str, Any]:
 
 def _collect_processes(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {
-        "running": False, "processes": {}, "plugin": None, "problems": [], "starting": [], "waiting": [],
-        "restarts": [],
+        "running": False, "processes": {}, "plugin": None, "source": None, "health": None, "ready": None,
+        "problems": [], "starting": [], "waiting": [], "restarts": [],
     }  # fmt: skip
     proxy = supervisor_proxy(cfg.supervisor_socket)
     try:
@@ -171,60 +177,76 @@ def _collect_processes(cfg: Config) -> dict[str, Any]:
         report["problems"].append(f"supervisord not reachable on {cfg.supervisor_socket}: {exc}")
         return report
     report["running"] = True
-    _collect_restarts(proxy, report)
+    report["restarts"], watchdog = restarts(proxy)
     for info in infos:
         uptime = info["now"] - info["start"] if info["pid"] else 0
         report["processes"][info["name"]] = {"state": info["statename"], "pid": info["pid"], "uptime": uptime}
-    for name in PROGRAMS:
-        if name not in report["processes"]:
-            report["problems"].append(f"{name} is MISSING")
-    # Every process supervisord runs counts: a role in BACKOFF,
-    # FATAL, EXITED or STOPPED is colad not doing its job, whoever stopped it. STARTING (the
-    # first startsecs after a spawn) is not a problem by itself: what it means is in `waiting`.
-    report["problems"].extend(not_running(infos, but=(STARTING,)))
-    report["starting"] = sorted(str(i.get("name")) for i in infos if i.get("statename") == STARTING)
-    plugin_starting = report["processes"].get("plugin", {}).get("state") == STARTING
-    # While the plugin itself is STARTING, a missing or older state file, or a resource not
-    # registered yet, is the start itself: waiting (exit 4), not degraded.
-    start_window = report["waiting"] if plugin_starting else report["problems"]
+    roles = role_view(infos, watchdog=watchdog)
+    report["starting"] = list(roles.starting)
+    plugin = report["processes"].get("plugin", {})
     try:
-        plugin = statefile.read_raw(cfg.plugin_state_file)
-        state = statefile.from_json(plugin)
-    except StateFileMissing as exc:
-        start_window.append(f"plugin state unknown: {exc}")
+        body, answered_by = status_socket.ask(cfg.status_socket)
+    except NoAnswer as exc:
+        _from_file(cfg, report, roles, str(exc))
         return report
-    except StateFileError as exc:
-        report["problems"].append(f"plugin state unknown: {exc}")
+    if answered_by != plugin.get("pid"):
+        why = f"{cfg.status_socket} answered by pid {answered_by}, not supervisord's plugin (pid {plugin.get('pid')})"
+        _from_file(cfg, report, roles, why)
         return report
-    plugin_pid = report["processes"].get("plugin", {}).get("pid")
-    if state.pid != plugin_pid:
-        start_window.append("plugin state file is from an earlier plugin process")
-        plugin["registered"] = False
-    report["plugin"] = plugin
-    if "resources" in plugin and state.resources and state.pid == plugin_pid:
-        for r in state.resources:
-            if not r.registered:
-                on_its_way = r.state in _ON_ITS_WAY and not r.last_error
-                where = report["waiting"] if on_its_way or plugin_starting else report["problems"]
-                where.append(f"{r.name} not registered ({r.state}: {r.last_error or '-'})")
-    elif not plugin.get("registered"):
-        start_window.append(f"plugin not registered ({plugin.get('state')}: {plugin.get('last_error') or '-'})")
-    if state.reload is not None and not state.reload.ok:
-        report["problems"].append(f"last reload refused, the running config stays: {state.reload.reason}")
+    _from_live(report, body, answered_by)
     return report
 
 
-def _collect_restarts(proxy: Any, report: dict[str, Any]) -> None:
-    """The watchdog's coming starts of FATAL roles (colad.getRestarts, inside supervisord), or why not."""
+def _from_live(report: dict[str, Any], body: dict[str, Any], pid: int) -> None:
+    """The plugin's own answer: its state, and its verdict as the only judge of health (as on /healthz)."""
+    health, ready = body.pop("health", None), body.pop("ready", None)
     try:
-        restarts = proxy.colad.getRestarts()
-    except xmlrpc.client.Fault:  # UNKNOWN_METHOD: a template without [rpcinterface:colad]
-        report["problems"].append("no watchdog in supervisord (no [rpcinterface:colad]): a FATAL role stays down")
+        statefile.from_json(body)
+        if not isinstance(health, dict) or not isinstance(ready, dict):
+            raise StateFileError("no health or readiness in it")
+    except StateFileError as exc:
+        report["problems"].append(f"plugin's status answer not understood: {exc}")
         return
-    except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
-        report["problems"].append(f"watchdog not answering in supervisord: {exc}")
+    report["plugin"], report["health"], report["ready"] = body, health, ready
+    report["source"] = {"live": True, "pid": pid}
+    report["problems"] += [str(p) for p in health.get("problems") or ()]
+    report["waiting"] += [str(w) for w in health.get("waiting") or ()]
+    if not health.get("ok") and not report["problems"] and not report["waiting"]:
+        report["problems"].append(str(health.get("reason") or "plugin unhealthy, no reason given"))
+
+
+def _from_file(cfg: Config, report: dict[str, Any], roles: RoleView, why: str) -> None:
+    """The plugin could not be asked: never healthy. The state file is shown, with its age and writer."""
+    report["problems"] += roles.problems
+    plugin = report["processes"].get("plugin", {})
+    if plugin.get("state") == STARTING:
+        report["waiting"].append(f"plugin not answering yet: {why}")
+    elif plugin.get("state") == "RUNNING":
+        stopped = " (the process is stopped)" if procid.run_state(int(plugin.get("pid") or 0)) in "Tt" else ""
+        report["problems"].append(f"plugin not answering: {why}{stopped}")
+    try:
+        raw = statefile.read_raw(cfg.plugin_state_file)
+        statefile.from_json(raw)
+    except StateFileError as exc:
+        report["source"] = {"live": False, "note": str(exc)}
         return
-    report["restarts"] = [r for r in restarts if isinstance(r, dict)] if isinstance(restarts, list) else []
+    stamp = statefile.stamp_of(raw)
+    report["plugin"] = raw
+    report["source"] = {"live": False, "age_s": stamp.age(), "writer": _writer_note(stamp, plugin.get("pid"))}
+
+
+def _writer_note(stamp: statefile.Stamp, plugin_pid: object) -> str:
+    """Who wrote the state file, as it bears on trusting it: this plugin, an earlier one, another boot."""
+    who = stamp.writer
+    if who is None:
+        return "a colad that did not record its writer"
+    if who.boot_id != procid.boot_id():
+        return f"pid {who.pid} of an earlier boot"
+    if not procid.alive(who):
+        return f"pid {who.pid}, which has exited"
+    if who.pid != plugin_pid:
+        return f"pid {who.pid}, not supervisord's plugin (pid {plugin_pid})"
+    return f"pid {who.pid}, the running plugin"
 
 
 def exit_code(report: dict[str, Any]) -> int:
@@ -241,12 +263,14 @@ def render(report: dict[str, Any]) -> str:
     for name, info in sorted(report["processes"].items()):
         lines.append(f"{name:<15}{info['state']:<10}{info['pid']:>8}  {int(info['uptime'])}s")
     plugin = report.get("plugin")
-    # report["plugin"] is the file as written (for --json); collect() has read it with from_json already.
+    lines += _render_source(report.get("source"), report.get("ready"))
+    stale = "" if (report.get("source") or {}).get("live") else ", not live"
+    # report["plugin"] is the answer or the file as written (for --json); collect() has read it with from_json.
     for r in statefile.from_json(plugin).resources if plugin else ():
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))
         lines.append("")
         lines.append(f"resource:   {r.name}")
-        lines.append(f"registered: {'yes' if r.registered else 'no'} ({r.state} since {since})")
+        lines.append(f"registered: {'yes' if r.registered else 'no'} ({r.state} since {since}{stale})")
         lines.append(f"endpoint:   {r.endpoint or '-'}")
         replicas = f", {r.replicas} replicas each" if r.replicas > 1 else ""
         lines.append(f"devices:    {r.devices} ({r.healthy} healthy{replicas})")
@@ -267,6 +291,20 @@ def render(report: dict[str, Any]) -> str:
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")
     return "\n".join(lines)
+
+
+def _render_source(source: dict[str, Any] | None, ready: dict[str, Any] | None) -> list[str]:
+    """Where the plugin's state below comes from: its own answer now, or a state file of some age."""
+    if not source:
+        return []
+    if source.get("live"):
+        said = "yes" if (ready or {}).get("ok") else f"no: {(ready or {}).get('reason') or '-'}"
+        return ["", f"source:     the plugin (pid {source.get('pid')}), asked now", f"ready:      {said}"]
+    if "writer" not in source:
+        return ["", f"source:     none: the plugin does not answer and {source.get('note')}"]
+    age = source.get("age_s")
+    when = f"written {age:.0f}s ago" if isinstance(age, int | float) else "written at an unknown time"
+    return ["", f"source:     the state file, {when} by {source['writer']}: NOT LIVE, the plugin did not answer"]
 
 
 def _render_sick(sick: statefile.SickList) -> list[str]:

@@ -53,7 +53,7 @@ class Shell:
         self.writes: list[statefile.PluginState] = []
         real_write = statefile.write
 
-        def counted(path: str, state: statefile.PluginState) -> bool:
+        def counted(path: str, state: statefile.PluginState) -> str:
             written = real_write(path, state)
             self.writes.append(state)  # after the write: a test that saw the count reads this file
             return written

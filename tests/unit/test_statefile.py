@@ -74,7 +74,7 @@ def test_round_trip_through_the_file(tmp_path: Path) -> None:
         degraded=("discovery polls every 1s (inotify limit fs.inotify.max_user_watches reached)",),
     )
     path = str(tmp_path / "state" / "plugin.json")
-    assert statefile.write(path, state)
+    assert statefile.write(path, state) == ""
     assert statefile.read(path) == state
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
@@ -150,7 +150,7 @@ def test_foreign_files_raise_one_typed_error_naming_the_path(tmp_path: Path, tex
 def test_write_never_raises(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert statefile.write(str(blocker / "state" / "plugin.json"), PluginState(pid=1)) is False
+    assert "Not a directory" in statefile.write(str(blocker / "state" / "plugin.json"), PluginState(pid=1))
     assert statefile.write_json(str(tmp_path / "x.json"), {"not": object()}) is False
 
 
@@ -179,7 +179,7 @@ def test_unhealthy_devices_and_their_reasons_round_trip(tmp_path: Path) -> None:
     )
     state = PluginState(pid=3, resources=(ResourceState(name="example.com/cola", sick=sick), PEPSI))
     path = str(tmp_path / "plugin.json")
-    assert statefile.write(path, state)
+    assert statefile.write(path, state) == ""
     assert statefile.read(path) == state
     body = json.loads(Path(path).read_text())
     assert body["resources"][0]["unhealthy_devices"][1] == {
@@ -203,7 +203,7 @@ def test_the_unhealthy_list_is_bounded_at_the_largest_list(tmp_path: Path) -> No
     assert all(len(d.reason) == statefile.MAX_LISTED_REASON and d.reason.endswith("...") for d in sick.listed)
     assert statefile.SickList.of(advertised) is sick  # once per set: publishing again costs nothing
     path = str(tmp_path / "plugin.json")
-    assert statefile.write(path, PluginState(pid=3, resources=(ResourceState(name="x.io/y", sick=sick),)))
+    assert statefile.write(path, PluginState(pid=3, resources=(ResourceState(name="x.io/y", sick=sick),))) == ""
     assert os.path.getsize(path) < 20_000
     assert statefile.read(path).resources[0].sick == sick
 
