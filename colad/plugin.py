@@ -128,7 +128,8 @@ class Plugin:
             from colad.status import RoleHealth
 
             roles = RoleHealth(self.cfg)
-        return assess(self.published, roles.view(fresh=fresh), self.clock())
+        unasked = self.status_socket.problem() if self.status_socket is not None else ""
+        return assess(self.published, roles.view(fresh=fresh), self.clock(), unasked=unasked)
 
     def status_answer(self) -> bytes:
         """For the status socket (its thread): the verdict, readiness and published state, stamped."""

@@ -129,7 +129,7 @@ class Verdict:
         return self.fine if self.ok else "; ".join(self.waiting + self.problems)
 
 
-def assess(published: Published, roles: RoleView | None, now: float) -> Verdict:
+def assess(published: Published, roles: RoleView | None, now: float, *, unasked: str = "") -> Verdict:
     """The one health rule, for /healthz and `colad status` alike; `roles` None: not under supervisord.
 
     Unhealthy: a resource not registered, without a live stream or with a cut list; a role not doing
@@ -137,6 +137,7 @@ def assess(published: Published, roles: RoleView | None, now: float) -> Verdict:
     disk refused (the running one stays, but a restart would not start). A resource still on its
     way (starting, or registering without an error yet, or registered with the kubelet's stream not
     yet dialled back) is waiting, as is everything while supervisord says the plugin itself is STARTING.
+    `unasked` says why `colad status` cannot ask the plugin now: then it cannot say healthy, nor may this.
     """
     problems: list[str] = []
     waiting: list[str] = []
@@ -162,6 +163,8 @@ def assess(published: Published, roles: RoleView | None, now: float) -> Verdict:
         problems.append(f"queue not listening: {published.queue_problem}")
     if published.state_file_problem:
         problems.append(published.state_file_problem)
+    if unasked:
+        problems.append(unasked)
     if state.reload is not None and not state.reload.ok:
         problems.append(f"last reload refused, the running config stays: {state.reload.reason}")
     parts = [f"{r.name}, {r.devices} devices" for r in state.resources]

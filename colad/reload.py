@@ -2,7 +2,8 @@
 
 cli.py has loaded the config already (an invalid one exits 2, nothing signalled). This signals the
 programs through supervisord's XML-RPC, never supervisord itself (its SIGHUP restarts them all),
-and waits for the "reload" entry of the plugin's state file to say how it was taken.
+and waits for the plugin to say how it was taken: asked on its status socket, or, when it cannot be
+asked, from the "reload" entry of its state file.
 Exit codes: 0 applied; 1 refused or not confirmed in time; 2 invalid config; 3 colad is not running.
 """
 
@@ -13,7 +14,7 @@ import time
 import xmlrpc.client
 from typing import Any
 
-from colad import statefile
+from colad import statefile, status_socket
 from colad.config import Config
 from colad.status import supervisor_proxy
 
@@ -21,9 +22,18 @@ GROUP = "colad"  # [group:colad] in conf/supervisord.conf
 CONFIRM_TIMEOUT = 10.0
 
 
+def last_reload(cfg: Config) -> statefile.ReloadResult | None:
+    """How the plugin took the last reload: its own answer, else its state file (which a full run dir freezes)."""
+    try:
+        body, _pid = status_socket.ask(cfg.status_socket)
+        return statefile.from_json(body).reload
+    except (status_socket.NoAnswer, statefile.StateFileError):
+        return statefile.read_reload(cfg.plugin_state_file)
+
+
 def main(args: Any = None, cfg: Config | None = None) -> int:
     assert cfg is not None
-    before = statefile.read_reload(cfg.plugin_state_file)
+    before = last_reload(cfg)
     try:
         supervisor_proxy(cfg.supervisor_socket).supervisor.signalProcessGroup(GROUP, "HUP")
     except (OSError, xmlrpc.client.Error) as exc:
@@ -31,7 +41,7 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
         return 3
     deadline = time.monotonic() + CONFIRM_TIMEOUT
     while time.monotonic() < deadline:
-        result = statefile.read_reload(cfg.plugin_state_file)
+        result = last_reload(cfg)
         if result is not None and (before is None or result.at != before.at):
             if result.ok:
                 named = {"added": result.added, "removed": result.removed, "changed": result.changed}

@@ -264,7 +264,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{name:<15}{info['state']:<10}{info['pid']:>8}  {int(info['uptime'])}s")
     plugin = report.get("plugin")
     lines += _render_source(report.get("source"), report.get("ready"))
-    stale = "" if (report.get("source") or {}).get("live") else ", not live"
+    stale = "" if (report.get("source") or {}).get("live") else "; from the state file, not live"
     # report["plugin"] is the answer or the file as written (for --json); collect() has read it with from_json.
     for r in statefile.from_json(plugin).resources if plugin else ():
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))

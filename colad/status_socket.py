@@ -75,12 +75,21 @@ class StatusSocket:
         return True
 
     def intact(self) -> bool:
-        """Our socket is still at `path` (not deleted, not replaced)."""
+        """Our socket is still at `path` (not deleted, not replaced) and its thread answers on it."""
         try:
             st = os.lstat(self.path)
         except OSError:
             return False
-        return self._listener is not None and stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode
+        answering = self._thread is not None and self._thread.is_alive()
+        return self._listener is not None and answering and stat.S_ISSOCK(st.st_mode) and st.st_ino == self.inode
+
+    def problem(self) -> str:
+        """For /healthz: why `colad status` cannot ask the plugin now ("" when it can)."""
+        return (
+            ""
+            if self.intact()
+            else f"status socket {self.path} not answering (colad status cannot ask); listening again at the next check"
+        )
 
     def _serve(self, listener: socket.socket) -> None:
         while not self._stopping:

@@ -170,6 +170,11 @@ def test_a_full_run_dir_and_the_kubelet_gone_is_not_registered_in_status_as_on_h
     agreed(service, address, "run dir full, kubelet gone")
     service.wait_log("state file not written; retrying")
     assert len(service.log_lines("state file not written; retrying")) == 1  # said once, retried quietly
+    # `colad reload` learns how its reload was taken from the plugin too, not from the frozen file.
+    done = subprocess.run(
+        [sys.executable, "-m", "colad", "reload"], env=service.env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "colad reload: applied" in done.stdout, (done.stdout, done.stderr)
 
     # Space back, kubelet back: healthy again, and the file caught up.
     free(service.run_dir)
@@ -198,7 +203,7 @@ def test_status_of_a_stopped_plugin_reads_the_state_file_and_says_it_is_not_live
     finally:
         service.kill("plugin", signal.SIGCONT)
     assert rc == 1, table
-    assert "NOT LIVE" in table and "the running plugin" in table and ", not live)" in table, table
+    assert "NOT LIVE" in table and "the running plugin" in table and "; from the state file, not live)" in table, table
     assert any("plugin not answering" in p and "stopped" in p for p in report["problems"]), report  # type: ignore[attr-defined]
     age = report["source"]["age_s"]  # type: ignore[index]
     assert isinstance(age, float) and age >= 0, report["source"]
