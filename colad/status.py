@@ -222,7 +222,7 @@ def _from_file(cfg: Config, report: dict[str, Any], roles: RoleView, why: str) -
     if plugin.get("state") == STARTING:
         report["waiting"].append(f"plugin not answering yet: {why}")
     elif plugin.get("state") == "RUNNING":
-        stopped = " (the process is stopped)" if procid.run_state(int(plugin.get("pid") or 0)) in "Tt" else ""
+        stopped = " (the process is stopped)" if procid.run_state(int(plugin.get("pid") or 0)) in ("T", "t") else ""
         report["problems"].append(f"plugin not answering: {why}{stopped}")
     try:
         raw = statefile.read_raw(cfg.plugin_state_file)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from colad import log
+from colad.errors import InstanceError
 from colad.framing import peer_of
 from colad.socketpath import claim_socket_path
 
@@ -42,7 +43,7 @@ class StatusSocket:
         self.inode = 0
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = False
+        self._stopping = threading.Event()  # one per listener: a thread of an earlier one never reads a new one's
         self.failures = 0
 
     def start(self) -> bool:
@@ -58,7 +59,7 @@ class StatusSocket:
                 os.umask(old)
             listener.listen(8)
             self.inode = os.lstat(self.path).st_ino
-        except OSError as exc:  # ForeignPathError and InstanceError are OSErrors too
+        except (OSError, InstanceError) as exc:  # InstanceError: something else, or a live process, at the path
             listener.close()
             self.failures += 1
             if self.failures == 1:
@@ -68,8 +69,10 @@ class StatusSocket:
             LOG.info("status socket available after retries", path=self.path, failures=self.failures)
             self.failures = 0
         self._listener = listener
-        self._stopping = False
-        self._thread = threading.Thread(target=self._serve, args=(listener,), name="status-socket", daemon=True)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(listener, self._stopping), name="status-socket", daemon=True
+        )
         self._thread.start()
         LOG.info("status socket listening", path=self.path)
         return True
@@ -91,12 +94,12 @@ class StatusSocket:
             else f"status socket {self.path} not answering (colad status cannot ask); listening again at the next check"
         )
 
-    def _serve(self, listener: socket.socket) -> None:
-        while not self._stopping:
+    def _serve(self, listener: socket.socket, stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
                 conn, _ = listener.accept()
             except OSError as exc:
-                if self._stopping:
+                if stopping.is_set():
                     return
                 if exc.errno in _TRANSIENT:
                     LOG.warning("status socket cannot accept now; pausing", error=exc, pause_s=_PAUSE)
@@ -124,7 +127,7 @@ class StatusSocket:
         listener, self._listener = self._listener, None
         if listener is None:
             return
-        self._stopping = True
+        self._stopping.set()
         try:
             listener.shutdown(socket.SHUT_RDWR)  # wakes accept() (Linux)
         except OSError:

@@ -224,14 +224,15 @@ def test_status_asks_the_plugin_when_the_metrics_endpoint_is_disabled(short_tmp:
         assert colad.stop() == 0
 
 
-def _fault_steps(rng: random.Random) -> list[str]:
-    """A seeded walk over the faults; every fault is undone later in the walk, and at its end."""
-    steps: list[str] = []
-    active: set[str] = set()
+def _fault_steps(rng: random.Random, length: int = 9) -> list[str]:
+    """A seeded walk over the faults that applies each at least once; every fault is undone by its end."""
     undo = {"kubelet_away": "kubelet_back", "run_dir_full": "run_dir_freed", "discovery_stopped": "discovery_cont",
             "plugin_stopped": "plugin_cont", "kubelet_watch_stopped": "kubelet_watch_cont"}  # fmt: skip
-    for _ in range(9):
-        choices = [f for f in undo if f not in active] + [undo[f] for f in active] + ["discovery_killed"]
+    steps: list[str] = []
+    active: set[str] = set()
+    while len(steps) < length or not {*undo, "discovery_killed"} <= set(steps):
+        fresh = [f for f in [*undo, "discovery_killed"] if f not in steps and f not in active]
+        choices = fresh or [f for f in undo if f not in active] + [undo[f] for f in active] + ["discovery_killed"]
         step = rng.choice(choices)
         steps.append(step)
         for fault, back in undo.items():
@@ -239,8 +240,11 @@ def _fault_steps(rng: random.Random) -> list[str]:
                 active.add(fault)
             elif step == back:
                 active.discard(fault)
-    steps += [undo[f] for f in sorted(active)]
-    return steps
+        if rng.random() < 0.4 and active:  # undo one now and then, so faults overlap and also stand alone
+            fault = rng.choice(sorted(active))
+            steps.append(undo[fault])
+            active.discard(fault)
+    return steps + [undo[f] for f in sorted(active)]
 
 
 def test_status_and_healthz_agree_across_a_sequence_of_faults(service: ColadService, kubelet: FakeKubelet) -> None:
