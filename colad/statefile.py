@@ -1,9 +1,10 @@
 """The plugin's published state (state/plugin.json): its dataclasses and their only reader and writer.
 
-Written by the plugin's life-cycle thread after every change; read by `colad
-status`, `colad check` (the resource behind a socket) and `colad reload` (how the
-last reload was taken). The JSON keeps the keys readers have always seen, the
-flat top-level ones from before [[resources]] included. No logging on read.
+Written by the plugin's life-cycle thread after every change, stamped with its writer (pid,
+start tick, boot ID) and time (CLOCK_BOOTTIME), so a reader can tell a stale file; read by
+`colad status` and `colad reload` when the plugin cannot be asked, and by `colad check` (the
+resource behind a socket). The JSON keeps the keys readers have always seen, the flat
+top-level ones from before [[resources]] included. No logging on read.
 """
 
 from __future__ import annotations
