@@ -232,7 +232,9 @@ def _fault_steps(rng: random.Random, length: int = 9) -> list[str]:
     active: set[str] = set()
     while len(steps) < length or not {*undo, "discovery_killed"} <= set(steps):
         fresh = [f for f in [*undo, "discovery_killed"] if f not in steps and f not in active]
-        choices = fresh or [f for f in undo if f not in active] + [undo[f] for f in active] + ["discovery_killed"]
+        choices = fresh or [f for f in undo if f not in active] + [undo[f] for f in sorted(active)] + [
+            "discovery_killed"
+        ]
         step = rng.choice(choices)
         steps.append(step)
         for fault, back in undo.items():
