@@ -118,6 +118,16 @@ def test_a_written_state_file_names_its_writer_and_age(tmp_path: Path) -> None:
     assert age is not None and 0 <= age < 5
 
 
+@pytest.mark.parametrize("wall", [0.0, 4102444800.0], ids=["clock-stepped-back", "clock-stepped-ahead"])
+def test_the_age_of_a_state_file_does_not_follow_the_wall_clock(tmp_path: Path, wall: float) -> None:
+    body = statefile.stamped(PluginState(pid=os.getpid(), resources=(GOOD,)))
+    body["written"] = {**body["written"], "wall": wall}  # type: ignore[dict-item]
+    age = statefile.stamp_of(body).age()
+    assert age is not None and 0 <= age < 5
+    other_boot = {**body, "writer": {**body["writer"], "boot_id": "another-boot"}}  # type: ignore[dict-item]
+    assert statefile.stamp_of(other_boot).age() is None  # another boot's clock: no age at all
+
+
 def _stamped_file(path: Path, **writer: object) -> None:
     body = statefile.stamped(PluginState(pid=os.getpid(), resources=(GOOD,)))
     body["writer"] = {**body["writer"], **writer}  # type: ignore[dict-item]
