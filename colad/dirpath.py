@@ -19,7 +19,12 @@ def resolve(path: str) -> str:
     """
     if "\x00" in path:  # refused at load; never an exception here
         return os.path.normpath(path)
-    return os.path.realpath(path)
+    for _attempt in range(3):
+        try:
+            return os.path.realpath(path)
+        except OSError:  # a link replaced between its lstat and its readlink (EINVAL): resolve again
+            continue
+    return path  # replaced on every attempt: as spelled, like a loop, until the next use resolves it
 
 
 def entry(path: str) -> tuple[str, str]:
