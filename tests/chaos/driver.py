@@ -504,7 +504,11 @@ class Chaos:
             (self.colad.device_dir / "nested").rmdir()
             # The operator's fix: the good file reloaded, so no refused reload stays in /healthz.
             fixed = subprocess.run(
-                [sys.executable, "-m", "colad", "reload"], env=self.colad.env, capture_output=True, text=True, timeout=60
+                [sys.executable, "-m", "colad", "reload"],
+                env=self.colad.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             assert fixed.returncode == 0, f"the good config was not reloaded: rc={fixed.returncode} {fixed.stderr!r}"
 
