@@ -32,6 +32,7 @@ from colad.statefile import ListCut, ResourceState, SickList
 
 LOG = log.get(__name__)
 SHUTDOWN_GRACE = 1.0  # seconds the server waits at shutdown for ended streams to flush (normally ms)
+CALL_SLACK = 5.0  # past its own deadline, a Register call whose answer has not come is given up as lost
 
 
 @dataclass(frozen=True)
@@ -119,43 +120,59 @@ class Endpoint:
         ctx.metrics.add_resource(self.name)
 
     def apply(self, event: reg.Event, now: float) -> None:
-        """Step the registration and carry out its effects; answers are stepped in turn, at once."""
+        """Step the registration and carry out its effects; answers, and failures, are stepped in turn, at once."""
         pending: deque[reg.Event] = deque([event])
         while pending:
             self.state, effects = reg.step(self.state, pending.popleft(), now)
             for effect in effects:
-                answer = self._execute(effect)
+                answer = self.carry_out(effect, now)
                 if answer is not None:
                     pending.append(answer)
+                if isinstance(answer, reg.EffectFailed):
+                    break  # the effects after it were decided on the premise that it had been carried out
 
-    def _execute(self, effect: reg.Effect) -> reg.Event | None:
+    def carry_out(self, effect: reg.Effect, now: float) -> reg.Event | None:
+        """Carry out one effect: its answer, or EffectFailed however it failed (logged once, counted).
+
+        The one boundary of every effect: an OSError, a thread that cannot start (RuntimeError),
+        a gRPC error or a MemoryError alike becomes an event the registration backs off and retries on.
+        """
+        try:
+            return self._execute(effect, now)
+        except Exception as exc:  # the effect boundary: whatever failed, the registration must hear of it
+            kind = reg.effect_name(effect)
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.ctx.metrics.effect_failures.labels(self.name, kind).inc()
+            LOG.warning("registration effect failed", resource=self.name, effect=kind, error=error)
+            return reg.EffectFailed(effect, error)
+
+    def _execute(self, effect: reg.Effect, now: float) -> reg.Event | None:
         metrics, name = self.ctx.metrics, self.name
         match effect:
             case reg.StopServer(generation=generation):
                 self.stop_server(generation)
             case reg.Serve(generation=generation, cause=cause):
                 metrics.server_restarts.labels(name, cause).inc()
-                try:
-                    return self._serve(generation)
-                except (OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
-                    return reg.ServeFailed(generation, str(exc))
+                return self._serve(generation)
             case reg.CheckSocket():
                 return reg.SocketChecked(self.socket_intact())
             case reg.SendRegister(call=call, endpoint=endpoint):
                 identity = socket_identity(self.ctx.kubelet_socket)
+                ctx = self.ctx
                 if identity:
-                    ctx = self.ctx
                     handle = ctx.servers.register(
                         ctx.kubelet_socket, endpoint, name, ctx.register_timeout, self.pre_start_required
                     )
-                    self.calls[call] = handle
+                    self.calls[call] = handle  # before the callback: a CancelCall after a failure here closes it
                     handle.add_done_callback(lambda: ctx.post(CallDone(name, call, handle)))
-                return reg.RegisterSent(call, identity)
+                return reg.RegisterSent(call, identity, now + ctx.register_timeout + CALL_SLACK)
             case reg.CancelCall(call=call):
                 cancelled = self.calls.pop(call, None)
                 if cancelled is not None:
-                    cancelled.cancel()
-                    cancelled.close()
+                    try:
+                        cancelled.cancel()
+                    finally:
+                        cancelled.close()
             case reg.RetryAt(delay=delay, error=error):
                 metrics.registrations.labels(name, "failure").inc()
                 LOG.warning("register failed", resource=name, error=error, retry_in=f"{delay:.2f}s")
@@ -172,8 +189,8 @@ class Endpoint:
             case reg.GaveUpWaiting(waited=waited):
                 LOG.warning("no device snapshot yet; registering anyway", resource=name, waited=f"{waited}s")
             case reg.SendEmptyList():
-                self.draining = True
                 self.broadcast.update(DeviceSet())
+                self.draining = True  # only once it is on its way: withdraw() waits for its send
         return None
 
     def _serve(self, generation: int) -> reg.Served:
@@ -206,14 +223,19 @@ class Endpoint:
             pre_start_required=self.pre_start_required, trusted=self.ctx.trusted,
         )  # fmt: skip
         server = self.ctx.servers.build(servicer, path)
-        server.start()
-        self.server, self.socket_path = server, path
         self.ctx.sockets.add(path)
+        try:
+            server.start()  # a thread: it cannot start under a task limit
+        except BaseException:
+            self.ctx.sockets.remove(path)  # bound, never served: gone before the retry makes another
+            raise
+        self.server, self.socket_path = server, path
         endpoint = os.path.basename(path)
         LOG.info("serving", resource=name, endpoint=endpoint, generation=generation)
         return reg.Served(generation, endpoint)
 
     def stop_server(self, generation: int) -> None:
+        """Stop the server and remove its socket; on a failure what is left stays, for the retry to stop."""
         self.broadcast.close_generation(generation)
         if self.server is not None:
             # At shutdown the streams were just ended (close_generation): a moment's grace lets the
@@ -326,8 +348,10 @@ class Endpoint:
     def close(self, now: float) -> None:
         self.closing = True
         self.apply(reg.Shutdown(), now)
-        for call in list(self.calls):
-            self._execute(reg.CancelCall(call))
+        # The registration has stopped and retries nothing: what a failed effect left behind goes here.
+        left: list[reg.Effect] = [reg.StopServer(self.state.generation)] if self.server or self.socket_path else []
+        for effect in left + [reg.CancelCall(call) for call in self.calls]:
+            self.carry_out(effect, now)
 
     def published(self) -> ResourceState:
         advertised, state, fit = self.broadcast.devices, self.state, self.fit

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from colad import __version__, log
 from colad.inuse import DOWN, InUse
+from colad.registration import EFFECTS, effect_name
 from colad.statefile import PluginState
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 # Connections to the metrics endpoint closed unserved (httpserver.py says when each applies).
 HTTP_REFUSAL_REASONS = ("evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed")
+EFFECT_NAMES = tuple(effect_name(effect) for effect in EFFECTS)  # every effect the registration can ask for
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -256,6 +258,12 @@ class Metrics:
         self.state_file_failures = _counter(
             "colad_state_file_write_failures", "Writes of the plugin's state file that failed (each is retried)."
         )
+        self.effect_failures = _counter(
+            "colad_registration_effect_failures",
+            "Effects of the registration life cycle the plugin could not carry out (then backed off and retried).",
+            "resource",
+            "effect",
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -278,6 +286,7 @@ class Metrics:
             self.rpc_errors,
             self.http_refused,
             self.state_file_failures,
+            self.effect_failures,
         )  # fmt: skip
 
     @property
@@ -325,6 +334,8 @@ class Metrics:
             self.server_restarts.labels(resource, reason)
         for reason in CDI_FALLBACK_REASONS:
             self.cdi_fallbacks.labels(resource, reason)
+        for effect in EFFECT_NAMES:
+            self.effect_failures.labels(resource, effect)
         self.allocated_devices.labels(resource)
         self.device_set_changes.labels(resource)
         self.list_cut.labels(resource)
@@ -341,6 +352,7 @@ class Metrics:
             (self.registrations, [(resource, r) for r in ("success", "failure")]),
             (self.server_restarts, [(resource, r) for r in SERVER_RESTART_REASONS]),
             (self.cdi_fallbacks, [(resource, r) for r in CDI_FALLBACK_REASONS]),
+            (self.effect_failures, [(resource, e) for e in EFFECT_NAMES]),
             (self.device_allocations, [(resource, d) for d in sorted(self._device_ids.pop(resource, set()))]),
         ):
             for labels in values:

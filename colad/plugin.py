@@ -75,6 +75,7 @@ class Plugin:
         self.status_socket: StatusSocket | None = None
         self.inuse: InUseWatcher | None = None
         self.observers = ""  # "": not asked yet; "loading"; "up"
+        self.observers_failed = False  # its thread could not start (said once)
         # A SimpleQueue: put and get in C, no Python Condition per hand-off (every change crosses it twice).
         self.events: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
@@ -287,7 +288,13 @@ class Plugin:
                 return
             self.events.put(ev.ObserversLoaded())
 
-        threading.Thread(target=load, name="observers", daemon=True).start()
+        try:
+            threading.Thread(target=load, name="observers", daemon=True).start()
+        except RuntimeError as exc:  # a task limit: tried again after the next event or timer
+            self.observers = ""
+            if not self.observers_failed:
+                LOG.warning("metrics and health not loaded yet; retrying", error=str(exc))
+            self.observers_failed = True
 
     def _observers_loaded(self, error: str) -> None:
         if error or self.observers == "up":
@@ -457,4 +464,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
         return plugin.run()
     except InstanceError as exc:
         LOG.error("refusing to start", reason=str(exc))
+        return 1
+    except Exception as exc:  # the life-cycle loop cannot go on: exit non-zero, supervisord starts the plugin again
+        LOG.error("plugin life cycle failed; exiting", error=f"{type(exc).__name__}: {exc}")
         return 1

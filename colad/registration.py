@@ -1,14 +1,17 @@
 """The registration life cycle of one resource, as a pure state machine.
 
 `step(state, event, now)` returns the next frozen `Registration` and the typed effects the
-plugin shell (plugin.py) must carry out: stop or start a server, send or cancel Register, send
-the kubelet an empty list. The shell posts what it observed back as events. No I/O, clocks,
-logging or metrics here; every edge is a row in tests/unit/test_registration.py.
+plugin shell (endpoint.py) must carry out: stop or start a server, send or cancel Register, send
+the kubelet an empty list. The shell posts what it observed back as events, and an effect it
+could not carry out as `EffectFailed`: no effect can leave a resource waiting for ever. No I/O,
+clocks, logging or metrics here; every edge is a row in tests/unit/test_registration.py.
 """
 
 from __future__ import annotations
 
 import enum
+import re
+import typing
 from dataclasses import dataclass, field, replace
 
 BACKOFF_MIN = 0.1
@@ -16,6 +19,9 @@ BACKOFF_MAX = 5.0
 INITIAL_DEVICES_WAIT = 3.0  # registering with an empty list would zero allocatable for a moment
 STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
 STREAM_EXPECTED_WITHIN = 10.0  # the kubelet dials back within this long after accepting Register
+# The shell answers Serve, CheckSocket and SendRegister at once, in the same pass: an answer still missing
+# this long after was lost (the shell failed between effects), so the registration starts again.
+ANSWER_WITHIN = 5.0
 
 
 class Phase(enum.Enum):
@@ -42,6 +48,7 @@ class Registration:
     calls: int = 0  # calls made so far: the next one is calls + 1
     pending: str = ""  # the reason of a Register waiting for a server (or a socket check)
     pending_cause: str = ""  # and its server-restart cause, should it need a new server
+    answer_by: float | None = None  # the answer to `pending`, or to the call in flight, is lost after this
     kubelet_identity: str = ""  # the kubelet.sock the last Register went to
     backoff: float = BACKOFF_MIN
     retry_at: float | None = None
@@ -60,7 +67,7 @@ class Registration:
 
     def due(self) -> float | None:
         """When the next Timer event must come (None: nothing pending)."""
-        times = [t for t in (self.retry_at, self.stream_check_at) if t is not None]
+        times = [t for t in (self.retry_at, self.stream_check_at, self.answer_by) if t is not None]
         if self.phase is Phase.STARTING:
             times.append(self.started + INITIAL_DEVICES_WAIT)
         return min(times) if times else None
@@ -79,12 +86,6 @@ class Served:
 
 
 @dataclass(frozen=True)
-class ServeFailed:
-    generation: int
-    error: str
-
-
-@dataclass(frozen=True)
 class SocketChecked:
     """Answer to CheckSocket: is our socket still the one we made (by stat())."""
 
@@ -93,10 +94,14 @@ class SocketChecked:
 
 @dataclass(frozen=True)
 class RegisterSent:
-    """Answer to SendRegister: `identity` of kubelet.sock the call went to, "" when it is absent."""
+    """Answer to SendRegister: `identity` of kubelet.sock the call went to, "" when it is absent.
+
+    `answer_by`: when its RegisterDone is overdue (the call's own deadline and some slack); None: never.
+    """
 
     call: int
     identity: str
+    answer_by: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,17 @@ class Timer:
 
 
 @dataclass(frozen=True)
+class EffectFailed:
+    """The shell could not carry out `effect` (an exception, a thread that could not start): `error` says why.
+
+    The effects after it in the same step were not carried out: they assumed it had been.
+    """
+
+    effect: Effect
+    error: str
+
+
+@dataclass(frozen=True)
 class OptionsChanged:
     """A reload changed the plugin options (pre_start_required): the kubelet reads them at Register."""
 
@@ -148,7 +164,6 @@ class Shutdown:
 Event = (
     DevicesSeen
     | Served
-    | ServeFailed
     | SocketChecked
     | RegisterSent
     | RegisterDone
@@ -156,6 +171,7 @@ Event = (
     | StreamClosed
     | KubeletSeen
     | Timer
+    | EffectFailed
     | OptionsChanged
     | Withdraw
     | Shutdown
@@ -172,7 +188,7 @@ class StopServer:
 
 @dataclass(frozen=True)
 class Serve:
-    """Serve `generation` on a fresh socket; answer with Served or ServeFailed. `cause` is a metric label."""
+    """Serve `generation` on a fresh socket; answer with Served. `cause` is a metric label."""
 
     generation: int
     cause: str
@@ -245,6 +261,13 @@ Effect = (
 
 
 Step = tuple[Registration, list[Effect]]
+EFFECTS: tuple[type, ...] = typing.get_args(Effect)
+
+
+def effect_name(effect: Effect | type) -> str:
+    """The effect's name in logs, errors and metric labels: `SendRegister` -> "send_register"."""
+    kind = effect if isinstance(effect, type) else type(effect)
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
 
 
 def step(state: Registration, event: Event, now: float) -> Step:
@@ -257,26 +280,29 @@ def step(state: Registration, event: Event, now: float) -> Step:
             if not state.have_devices:  # every change is a DevicesSeen: no new record for the ones after the first
                 state = replace(state, have_devices=True)
                 if state.phase is Phase.STARTING:
-                    state = _register(state, effects, "start", "start")
+                    state = _register(state, effects, now, "start", "start")
         case Served(generation=generation, endpoint=endpoint) if generation == state.generation and state.pending:
             state = replace(state, endpoint=endpoint)
             state = _send(state, effects)
-        case ServeFailed(generation=generation, error=error) if generation == state.generation and state.pending:
-            state = _failed(_settled(state), effects, now, f"cannot serve: {error}")
         case SocketChecked(intact=intact) if state.pending:
             if intact:
                 state = _send(state, effects)
             else:
                 state = _serve(state, effects, state.pending_cause)
-        case RegisterSent(call=call, identity=identity) if call == state.call:
+        case RegisterSent(call=call, identity=identity, answer_by=answer_by) if call == state.call:
             state = replace(state, kubelet_identity=identity)
             if not identity:  # no call was made
                 state = _failed(replace(_settled(state), call=0), effects, now, "kubelet.sock absent")
             else:
-                reason, state = state.pending, _settled(state)
+                reason, state = state.pending, replace(_settled(state), answer_by=answer_by)
                 state = _transition(state, effects, Phase.REGISTERING, reason, endpoint=state.endpoint)
+        case EffectFailed(effect=effect, error=error):
+            if state.pending:  # the answer it waits for will not come: start again, on a fresh socket
+                state = _retry_fresh(state, effects, now, f"{effect_name(effect)} failed: {error}")
+            # Otherwise nothing the registration waits on was lost: a report (a log line, a counter), or
+            # the empty list of a withdrawal, which only ends in the shutdown or removal that follows.
         case RegisterDone(call=call, error=error, late=late) if call == state.call and call:
-            state = replace(state, call=0)
+            state = replace(state, call=0, answer_by=None)
             if error:
                 # A Register we stopped waiting for may still be carried out: retry on a new socket,
                 # so that a late one dials a socket that is gone instead of opening a second stream.
@@ -298,15 +324,18 @@ def step(state: Registration, event: Event, now: float) -> Step:
                 pass
             elif identity and identity != state.kubelet_identity:
                 state = replace(state, backoff=BACKOFF_MIN)  # a new kubelet: no reason to wait
-                state = _register(state, effects, f"kubelet.sock recreated ({reason})", "kubelet_restart", fresh=True)
+                cause = f"kubelet.sock recreated ({reason})"
+                state = _register(state, effects, now, cause, "kubelet_restart", fresh=True)
             elif not intact:
-                state = _register(state, effects, f"plugin socket removed ({reason})", "socket_removed", fresh=True)
+                state = _register(
+                    state, effects, now, f"plugin socket removed ({reason})", "socket_removed", fresh=True
+                )
         case Timer():
             state = _on_timer(state, effects, now)
         case OptionsChanged():
             if state.phase is not Phase.STARTING and not state.withdrawing:
                 # A fresh socket: the kubelet must dial a new endpoint to read the new options.
-                state = _register(state, effects, "plugin options changed", "options_changed", fresh=True)
+                state = _register(state, effects, now, "plugin options changed", "options_changed", fresh=True)
         case Withdraw():
             if state.phase is Phase.REGISTERED and state.live_streams() > 0 and not state.withdrawing:
                 state = replace(state, withdrawing=True)
@@ -322,25 +351,43 @@ def step(state: Registration, event: Event, now: float) -> Step:
 
 
 def _on_timer(state: Registration, effects: list[Effect], now: float) -> Registration:
+    if state.answer_by is not None and now >= state.answer_by:
+        if state.pending:
+            return _retry_fresh(state, effects, now, f"no answer to the {effect_name(_awaited(state))} effect")
+        return _retry_fresh(state, effects, now, f"Register call {state.call} not answered in time")
     if state.pending:
         return state
     if state.phase is Phase.STARTING and now >= state.started + INITIAL_DEVICES_WAIT:
         effects.append(GaveUpWaiting(INITIAL_DEVICES_WAIT))
-        state = _register(state, effects, "start", "start")
+        state = _register(state, effects, now, "start", "start")
     if not state.pending and state.retry_at is not None and now >= state.retry_at:
-        state = _register(state, effects, "retry", "register_retry", fresh=state.retry_fresh)
+        state = _register(state, effects, now, "retry", "register_retry", fresh=state.retry_fresh)
     if state.stream_check_at is not None and now >= state.stream_check_at:
         state = replace(state, stream_check_at=None)
         if not state.pending and state.phase is Phase.REGISTERED and state.live_streams() == 0:
-            state = _register(state, effects, "no live ListAndWatch stream", "stream_lost", fresh=True)
+            state = _register(state, effects, now, "no live ListAndWatch stream", "stream_lost", fresh=True)
     return state
 
 
+def _awaited(state: Registration) -> type:
+    """The effect whose answer a pending registration waits for: a server, a socket check or Register."""
+    if state.call:
+        return SendRegister
+    return CheckSocket if state.endpoint else Serve
+
+
+def _retry_fresh(state: Registration, effects: list[Effect], now: float, error: str) -> Registration:
+    """What was awaited will not come: cancel the call, back off, then serve anew (a late Register may land)."""
+    state = _settled(_cancel(state, effects))
+    return _failed(state, effects, now, error, fresh=True)
+
+
 def _register(
-    state: Registration, effects: list[Effect], reason: str, cause: str, *, fresh: bool = False
+    state: Registration, effects: list[Effect], now: float, reason: str, cause: str, *, fresh: bool = False
 ) -> Registration:
     """The single path every trigger takes: cancel the call in flight, serve if needed, then Register."""
-    state = replace(_cancel(state, effects), retry_at=None, pending=reason, pending_cause=cause)
+    state = _cancel(state, effects)
+    state = replace(state, retry_at=None, pending=reason, pending_cause=cause, answer_by=now + ANSWER_WITHIN)
     if fresh or not state.endpoint:
         return _serve(state, effects, cause)
     effects.append(CheckSocket())  # serving already: reuse the socket if it is still ours
@@ -351,12 +398,12 @@ def _cancel(state: Registration, effects: list[Effect]) -> Registration:
     """No Register call in flight any more: the one there was is cancelled."""
     if state.call:
         effects.append(CancelCall(state.call))
-    return replace(state, call=0)
+    return replace(state, call=0, answer_by=None)
 
 
 def _settled(state: Registration) -> Registration:
     """No Register waiting for a server or a socket check any more."""
-    return replace(state, pending="", pending_cause="")
+    return replace(state, pending="", pending_cause="", answer_by=None)
 
 
 def _serve(state: Registration, effects: list[Effect], cause: str) -> Registration:

@@ -392,7 +392,11 @@ class RegisterCall:
             options=plugin_options(pre_start_required),
         )
         # Fail fast when nobody listens: kubelet.sock appearing is reported by the watcher.
-        self.future = stub.Register.future(request, timeout=timeout, wait_for_ready=False)
+        try:
+            self.future = stub.Register.future(request, timeout=timeout, wait_for_ready=False)
+        except BaseException:  # e.g. the thread that waits for the answer cannot start: the channel goes too
+            self.channel.close()
+            raise
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         self.future.add_done_callback(lambda _f: callback())

@@ -24,7 +24,7 @@ def random_event(rng: random.Random, state: reg.Registration) -> reg.Event:
     choices: list[reg.Event] = [
         reg.DevicesSeen(),
         reg.Served(g, f"colad-{g}.sock"),
-        reg.ServeFailed(g, "bind"),
+        reg.EffectFailed(reg.Serve(g, "start"), "OSError: bind"),
         reg.SocketChecked(rng.random() < 0.8),
         reg.RegisterSent(call, rng.choice(["", "kubelet-1"])),
         reg.RegisterDone(call, rng.choice([None, None, "refused"]), rng.random() < 0.2),

@@ -11,8 +11,10 @@ from dataclasses import replace
 import pytest
 
 from colad.registration import (
+    ANSWER_WITHIN,
     BACKOFF_MAX,
     BACKOFF_MIN,
+    EFFECTS,
     INITIAL_DEVICES_WAIT,
     STREAM_EXPECTED_WITHIN,
     STREAM_GRACE,
@@ -21,9 +23,11 @@ from colad.registration import (
     CheckSocket,
     DevicesSeen,
     Effect,
+    EffectFailed,
     Event,
     GaveUpWaiting,
     KubeletSeen,
+    OptionsChanged,
     Phase,
     RegisterDone,
     RegisterSent,
@@ -33,7 +37,6 @@ from colad.registration import (
     SendRegister,
     Serve,
     Served,
-    ServeFailed,
     Shutdown,
     SocketChecked,
     StopServer,
@@ -49,6 +52,7 @@ pytestmark = pytest.mark.unit
 
 NOW = 100.0
 KUBELET = "1:2:3"
+AWAIT = NOW + ANSWER_WITHIN  # a pending registration's answer is lost after this
 NEW_KUBELET = "1:9:9"
 
 STARTING = Registration(started=NOW - 1.0)
@@ -78,7 +82,7 @@ CASES = [
     pytest.param(
         STARTING,
         DevicesSeen(),
-        replace(STARTING, have_devices=True, generation=1, pending="start", pending_cause="start"),
+        replace(STARTING, have_devices=True, generation=1, answer_by=AWAIT, pending="start", pending_cause="start"),
         [StopServer(0), Serve(1, "start")],
         id="first-snapshot-while-starting-serves-generation-1",
     ),
@@ -99,7 +103,14 @@ CASES = [
     pytest.param(
         replace(STARTING, started=NOW - INITIAL_DEVICES_WAIT),
         Timer(),
-        replace(STARTING, started=NOW - INITIAL_DEVICES_WAIT, generation=1, pending="start", pending_cause="start"),
+        replace(
+            STARTING,
+            started=NOW - INITIAL_DEVICES_WAIT,
+            generation=1,
+            answer_by=AWAIT,
+            pending="start",
+            pending_cause="start",
+        ),
         [GaveUpWaiting(INITIAL_DEVICES_WAIT), StopServer(0), Serve(1, "start")],
         id="initial-wait-over-registers-with-no-snapshot",
     ),
@@ -112,11 +123,12 @@ CASES = [
     ),
     # --- serving, then Register --------------------------------------------------------------------
     pytest.param(
-        replace(STARTING, generation=1, pending="start", pending_cause="start", have_devices=True),
+        replace(STARTING, generation=1, answer_by=AWAIT, pending="start", pending_cause="start", have_devices=True),
         Served(1, "colad-1.sock"),
         replace(
             STARTING,
             generation=1,
+            answer_by=AWAIT,
             pending="start",
             pending_cause="start",
             have_devices=True,
@@ -128,7 +140,7 @@ CASES = [
         id="served-sends-register-on-the-new-socket",
     ),  # fmt: skip
     pytest.param(
-        replace(STARTING, generation=1, pending="start", endpoint="colad-1.sock", call=1, calls=1),
+        replace(STARTING, generation=1, answer_by=AWAIT, pending="start", endpoint="colad-1.sock", call=1, calls=1),
         RegisterSent(1, KUBELET),
         replace(
             STARTING,
@@ -143,7 +155,7 @@ CASES = [
         id="register-sent-is-registering",
     ),  # fmt: skip
     pytest.param(
-        replace(STARTING, generation=1, pending="start", endpoint="colad-1.sock", call=1, calls=1),
+        replace(STARTING, generation=1, answer_by=AWAIT, pending="start", endpoint="colad-1.sock", call=1, calls=1),
         RegisterSent(1, ""),
         replace(
             STARTING,
@@ -162,19 +174,20 @@ CASES = [
         id="kubelet-sock-absent-backs-off-keeping-the-server",
     ),  # fmt: skip
     pytest.param(
-        replace(STARTING, generation=1, pending="start", pending_cause="start"),
-        ServeFailed(1, "cannot listen"),
+        replace(STARTING, generation=1, pending="start", pending_cause="start", answer_by=AWAIT),
+        EffectFailed(Serve(1, "start"), "OSError: cannot listen"),
         replace(
             STARTING,
             phase=Phase.BACKOFF,
             generation=1,
             retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
             backoff=2 * BACKOFF_MIN,
-            last_error="cannot serve: cannot listen",
+            last_error="serve failed: OSError: cannot listen",
         ),
         [
-            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "cannot serve: cannot listen"),
-            Transition(Phase.STARTING, Phase.BACKOFF, "cannot serve: cannot listen"),
+            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "serve failed: OSError: cannot listen"),
+            Transition(Phase.STARTING, Phase.BACKOFF, "serve failed: OSError: cannot listen"),
         ],
         id="serve-failed-backs-off",
     ),  # fmt: skip
@@ -271,21 +284,31 @@ CASES = [
     pytest.param(
         BACKOFF,
         Timer(),
-        replace(BACKOFF, retry_at=None, pending="retry", pending_cause="register_retry"),
+        replace(BACKOFF, retry_at=None, answer_by=AWAIT, pending="retry", pending_cause="register_retry"),
         [CheckSocket()],
         id="retry-due-reuses-the-socket-if-it-is-still-ours",
     ),
     pytest.param(
-        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None),
+        replace(BACKOFF, answer_by=AWAIT, pending="retry", pending_cause="register_retry", retry_at=None),
         SocketChecked(True),
-        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None, call=2, calls=2),
+        replace(
+            BACKOFF, answer_by=AWAIT, pending="retry", pending_cause="register_retry", retry_at=None, call=2, calls=2
+        ),
         [SendRegister(2, "colad-1.sock")],
         id="retry-socket-intact-registers-it-again",
     ),
     pytest.param(
-        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None),
+        replace(BACKOFF, answer_by=AWAIT, pending="retry", pending_cause="register_retry", retry_at=None),
         SocketChecked(False),
-        replace(BACKOFF, pending="retry", pending_cause="register_retry", retry_at=None, generation=2, endpoint=""),
+        replace(
+            BACKOFF,
+            answer_by=AWAIT,
+            pending="retry",
+            pending_cause="register_retry",
+            retry_at=None,
+            generation=2,
+            endpoint="",
+        ),
         [StopServer(1), Serve(2, "register_retry")],
         id="retry-socket-gone-serves-anew",
     ),
@@ -293,7 +316,13 @@ CASES = [
         BACKOFF_LATE,
         Timer(),
         replace(
-            BACKOFF_LATE, retry_at=None, generation=2, endpoint="", pending="retry", pending_cause="register_retry"
+            BACKOFF_LATE,
+            retry_at=None,
+            generation=2,
+            endpoint="",
+            answer_by=AWAIT,
+            pending="retry",
+            pending_cause="register_retry",
         ),
         [StopServer(1), Serve(2, "register_retry")],
         id="retry-after-a-late-register-serves-on-a-fresh-socket",
@@ -320,6 +349,7 @@ CASES = [
             REGISTERED,
             generation=2,
             endpoint="",
+            answer_by=AWAIT,
             pending="kubelet.sock recreated (watcher)",
             pending_cause="kubelet_restart",
         ),
@@ -336,6 +366,7 @@ CASES = [
             retry_at=None,
             generation=2,
             endpoint="",
+            answer_by=AWAIT,
             pending="kubelet.sock recreated (watcher)",
             pending_cause="kubelet_restart",
         ),
@@ -350,6 +381,7 @@ CASES = [
             call=0,
             generation=2,
             endpoint="",
+            answer_by=AWAIT,
             pending="kubelet.sock recreated (periodic)",
             pending_cause="kubelet_restart",
         ),
@@ -363,6 +395,7 @@ CASES = [
             REGISTERED,
             generation=2,
             endpoint="",
+            answer_by=AWAIT,
             pending="plugin socket removed (watcher)",
             pending_cause="socket_removed",
         ),
@@ -435,6 +468,7 @@ CASES = [
             streams=(),
             generation=2,
             endpoint="",
+            answer_by=AWAIT,
             pending="no live ListAndWatch stream",
             pending_cause="stream_lost",
         ),
@@ -574,3 +608,291 @@ def test_due_names_the_earliest_timer() -> None:
     assert REGISTERED.due() is None
     assert replace(BACKOFF, stream_check_at=NOW - 1.0).due() == NOW - 1.0
     assert AWAITING_STREAM.due() == NOW + STREAM_EXPECTED_WITHIN
+
+
+# --- an effect that fails is an event ---------------------------------------------------------------
+FAILURE = "RuntimeError: can't start new thread"
+
+FAILED_CASES = [
+    pytest.param(
+        replace(REGISTERED, generation=2, endpoint="", answer_by=AWAIT, pending="retry", pending_cause="stream_lost"),
+        EffectFailed(StopServer(1), FAILURE),
+        replace(
+            REGISTERED, phase=Phase.BACKOFF, generation=2, endpoint="", retry_at=NOW + BACKOFF_MIN, retry_fresh=True,
+            backoff=2 * BACKOFF_MIN, last_error=f"stop_server failed: {FAILURE}",
+        ),
+        [
+            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, f"stop_server failed: {FAILURE}"),
+            Transition(Phase.REGISTERED, Phase.BACKOFF, f"stop_server failed: {FAILURE}"),
+        ],
+        id="stop-server-failed-backs-off-to-serve-anew",
+    ),
+    pytest.param(
+        replace(BACKOFF, retry_at=None, answer_by=AWAIT, pending="retry", pending_cause="register_retry"),
+        EffectFailed(CheckSocket(), FAILURE),
+        replace(
+            BACKOFF, retry_at=NOW + 0.4, retry_fresh=True, backoff=0.8, last_error=f"check_socket failed: {FAILURE}"
+        ),
+        [RetryAt(NOW + 0.4, 0.4, f"check_socket failed: {FAILURE}")],
+        id="check-socket-failed-backs-off-doubling-and-retries-on-a-fresh-socket",
+    ),
+    pytest.param(
+        # the call may have left before the thread that waits for it failed to start: it is cancelled,
+        # and the retry serves a fresh socket so a Register that lands late dials one that is gone
+        replace(STARTING, generation=1, endpoint="colad-1.sock", call=1, calls=1, answer_by=AWAIT, pending="start"),
+        EffectFailed(SendRegister(1, "colad-1.sock"), FAILURE),
+        replace(
+            STARTING, phase=Phase.BACKOFF, generation=1, endpoint="colad-1.sock", calls=1, retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True, backoff=2 * BACKOFF_MIN, last_error=f"send_register failed: {FAILURE}",
+        ),
+        [
+            CancelCall(1),
+            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, f"send_register failed: {FAILURE}"),
+            Transition(Phase.STARTING, Phase.BACKOFF, f"send_register failed: {FAILURE}"),
+        ],
+        id="send-register-failed-cancels-the-call-and-backs-off",
+    ),
+    pytest.param(
+        replace(STARTING, generation=1, answer_by=AWAIT, pending="start", pending_cause="start", have_devices=True),
+        EffectFailed(GaveUpWaiting(INITIAL_DEVICES_WAIT), "OSError: [Errno 5] Input/output error"),
+        replace(
+            STARTING, phase=Phase.BACKOFF, generation=1, have_devices=True, retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True, backoff=2 * BACKOFF_MIN,
+            last_error="gave_up_waiting failed: OSError: [Errno 5] Input/output error",
+        ),
+        [
+            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "gave_up_waiting failed: OSError: [Errno 5] Input/output error"),
+            Transition(Phase.STARTING, Phase.BACKOFF, "gave_up_waiting failed: OSError: [Errno 5] Input/output error"),
+        ],
+        id="a-report-failed-before-the-effects-a-registration-waits-on-backs-off-too",
+    ),
+    pytest.param(
+        REGISTERED,
+        EffectFailed(Accepted("colad-1.sock"), "MemoryError"),
+        REGISTERED,
+        [],
+        id="a-report-failed-with-nothing-awaited-changes-nothing",
+    ),
+    pytest.param(
+        replace(REGISTERED, withdrawing=True),
+        EffectFailed(SendEmptyList(), FAILURE),
+        replace(REGISTERED, withdrawing=True),
+        [],
+        id="the-empty-list-failed-is-left-to-the-shutdown-that-follows",
+    ),
+    pytest.param(
+        replace(REGISTERED, phase=Phase.STOPPED),
+        EffectFailed(StopServer(1), FAILURE),
+        replace(REGISTERED, phase=Phase.STOPPED),
+        [],
+        id="stopped-leaves-a-failed-effect-to-the-shell",
+    ),
+    # --- an answer that never comes --------------------------------------------------------------------
+    pytest.param(
+        replace(BACKOFF, retry_at=None, generation=2, endpoint="", answer_by=NOW, pending="retry"),
+        Timer(),
+        replace(
+            BACKOFF, generation=2, endpoint="", retry_at=NOW + 0.4, retry_fresh=True, backoff=0.8,
+            last_error="no answer to the serve effect",
+        ),
+        [RetryAt(NOW + 0.4, 0.4, "no answer to the serve effect")],
+        id="a-lost-answer-is-noticed-on-the-timer-and-retried",
+    ),
+    pytest.param(
+        replace(REGISTERING, answer_by=NOW),
+        Timer(),
+        replace(
+            REGISTERING, phase=Phase.BACKOFF, call=0, retry_at=NOW + BACKOFF_MIN, retry_fresh=True,
+            backoff=2 * BACKOFF_MIN, last_error="Register call 1 not answered in time",
+        ),
+        [
+            CancelCall(1),
+            RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "Register call 1 not answered in time"),
+            Transition(Phase.REGISTERING, Phase.BACKOFF, "Register call 1 not answered in time"),
+        ],
+        id="a-register-call-never-answered-is-cancelled-past-its-deadline",
+    ),
+    pytest.param(
+        replace(STARTING, generation=1, endpoint="colad-1.sock", call=1, calls=1, answer_by=AWAIT, pending="start"),
+        RegisterSent(1, KUBELET, NOW + 20.0),
+        replace(
+            STARTING, phase=Phase.REGISTERING, generation=1, endpoint="colad-1.sock", call=1, calls=1,
+            kubelet_identity=KUBELET, answer_by=NOW + 20.0,
+        ),
+        [Transition(Phase.STARTING, Phase.REGISTERING, "start", (("endpoint", "colad-1.sock"),))],
+        id="register-sent-awaits-its-answer-until-the-calls-deadline",
+    ),
+    pytest.param(
+        replace(REGISTERING, answer_by=NOW + 20.0),
+        RegisterDone(1, None),
+        replace(REGISTERING, phase=Phase.REGISTERED, call=0, stream_check_at=NOW + STREAM_EXPECTED_WITHIN),
+        [Accepted("colad-1.sock"), registered_transition(Phase.REGISTERING)],
+        id="register-answered-awaits-nothing-more",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "event", "expected", "effects"), FAILED_CASES)
+def test_step_on_a_failed_effect(
+    state: Registration, event: Event, expected: Registration, effects: list[Effect]
+) -> None:
+    assert step(state, event, NOW) == (expected, effects)
+
+
+class SimulatedShell:
+    """Carries out effects as endpoint.py does, against a kubelet that accepts every Register.
+
+    The effect numbered `fail_at` (counted across the whole pass) fails instead: it is posted back
+    as EffectFailed and the effects after it in its step are dropped, as the real shell does. A
+    SendRegister that fails may still have left: its call is kept, to land late in `recover`.
+    """
+
+    def __init__(self, kubelet: str, fail_at: int | None = None) -> None:
+        self.kubelet, self.fail_at = kubelet, fail_at
+        self.count = 0
+        self.failed: Effect | None = None
+        self.sent: list[tuple[int, int]] = []  # (call, generation) the kubelet may still answer
+
+    def apply(self, state: Registration, event: Event, now: float) -> Registration:
+        events = [event]
+        while events:
+            state, effects = step(state, events.pop(0), now)
+            for effect in effects:
+                self.count += 1
+                if self.count - 1 == self.fail_at:
+                    self.failed = effect
+                    if isinstance(effect, SendRegister):
+                        self.sent.append((effect.call, state.generation))
+                    events.append(EffectFailed(effect, FAILURE))
+                    break
+                if (answer := self.answer(effect, state, now)) is not None:
+                    events.append(answer)
+        return state
+
+    def answer(self, effect: Effect, state: Registration, now: float) -> Event | None:
+        match effect:
+            case Serve(generation=generation):
+                return Served(generation, f"colad-{generation}.sock")
+            case CheckSocket():
+                return SocketChecked(True)
+            case SendRegister(call=call):
+                if self.kubelet:
+                    self.sent.append((call, state.generation))
+                return RegisterSent(call, self.kubelet, now + 20.0)
+        return None
+
+
+def recovered(state: Registration) -> bool:
+    return state.phase is Phase.REGISTERED and state.live_streams() > 0 and not state.pending and not state.call
+
+
+def recover(state: Registration, now: float, shell: SimulatedShell) -> tuple[Registration, float]:
+    """Every effect succeeds from here on, the kubelet answers each call and dials back: registered again?"""
+    shell.fail_at, shell.kubelet = None, shell.kubelet or "1:5:5"
+    if state.call:
+        shell.sent.append((state.call, state.generation))
+    for _ in range(100):
+        if recovered(state):
+            return state, now
+        if shell.sent:
+            call, generation = shell.sent.pop(0)
+            state = shell.apply(state, RegisterDone(call, None), now)
+            state = shell.apply(state, StreamOpened(generation), now)
+            continue
+        due = state.due()
+        assert due is not None, f"wedged: nothing awaited, nothing due, not registered: {state}"
+        now = max(now, due)
+        state = shell.apply(state, Timer(), now)
+    raise AssertionError(f"not registered after 100 steps: {state}")
+
+
+def world_events(state: Registration, now: float, kubelet: str) -> list[tuple[Event, float, str]]:
+    """What may happen next, with the time and the kubelet.sock identity after it ("": kubelet away)."""
+    g, later = state.generation, max(now, state.due() or now)
+    new = f"1:{len(kubelet) + now:.0f}:9"
+    events: list[tuple[Event, float, str]] = [
+        (DevicesSeen(), now, kubelet),
+        (Timer(), later, kubelet),
+        (Timer(), now + BACKOFF_MAX + STREAM_EXPECTED_WITHIN + 30.0, kubelet),  # every deadline passed
+        (KubeletSeen(new, True, "watcher"), now, new),
+        (KubeletSeen("", True, "watcher"), now, ""),
+        (KubeletSeen(kubelet, False, "watcher"), now, kubelet),
+        (StreamOpened(g), now, kubelet),
+        (StreamClosed(g), now, kubelet),
+        (OptionsChanged(), now, kubelet),
+        (Withdraw(), now, kubelet),
+    ]
+    if state.call:
+        for error, late in ((None, False), ("UNAVAILABLE: x", False), ("DEADLINE_EXCEEDED: x", True)):
+            events.append((RegisterDone(state.call, error, late), now, kubelet))
+    return events
+
+
+def shape(state: Registration, kubelet: str) -> tuple[object, ...]:
+    """A state with its times, numbers and texts left out: the exploration visits each shape once."""
+    return (
+        state.phase, bool(state.pending), bool(state.call), bool(state.endpoint), state.live_streams() > 0,
+        state.all_streams() > state.live_streams(), state.have_devices, state.withdrawing, state.retry_at is None,
+        state.retry_fresh, state.stream_check_at is None, state.answer_by is None, state.kubelet_identity == kubelet,
+        bool(kubelet), state.backoff == BACKOFF_MIN,
+    )  # fmt: skip
+
+
+def explore(depth: int) -> list[tuple[Registration, float, str]]:
+    """Breadth-first from the start over world events, each also with every one of its effects failing."""
+    start = (Registration(started=0.0), 0.0, "1:2:3")
+    seen, frontier, found = {shape(start[0], start[2])}, [start], [start]
+    for _ in range(depth):
+        following = []
+        for state, now, kubelet in frontier:
+            for event, at, after in world_events(state, now, kubelet):
+                runs = SimulatedShell(after)
+                nxt = [(runs.apply(state, event, at), at, after)]
+                for index in range(runs.count):
+                    shell = SimulatedShell(after, fail_at=index)
+                    nxt.append((shell.apply(state, event, at), at, after))
+                for node in nxt:
+                    if node[0].phase is not Phase.STOPPED and (key := shape(node[0], node[2])) not in seen:
+                        seen.add(key)
+                        following.append(node)
+        found += following
+        frontier = following
+    return found
+
+
+REACHABLE = explore(depth=6)
+
+
+def test_the_exploration_reaches_every_phase_but_stopped() -> None:
+    assert {state.phase for state, _, _ in REACHABLE} == set(Phase) - {Phase.STOPPED}
+    assert len(REACHABLE) > 100
+
+
+def test_every_effect_that_fails_from_every_reachable_state_is_posted_back_and_registration_returns() -> None:
+    failed: set[type] = set()
+    for state, now, kubelet in REACHABLE:
+        for event, at, after in world_events(state, now, kubelet):
+            for index in range(64):
+                shell = SimulatedShell(after, fail_at=index)
+                after_failure = shell.apply(state, event, at)
+                if shell.failed is None:
+                    break  # fewer effects than that in this pass
+                failed.add(type(shell.failed))
+                final, _ = recover(after_failure, at, shell)
+                assert recovered(final), (state, event, shell.failed)
+    assert failed == set(EFFECTS), f"effect types never failed by the exploration: {set(EFFECTS) - failed}"
+
+
+def test_every_reachable_state_registers_once_effects_succeed() -> None:
+    for state, now, kubelet in REACHABLE:
+        final, _ = recover(state, now, SimulatedShell(kubelet))
+        assert recovered(final), state
+
+
+def test_shutdown_from_every_reachable_state_stops_whatever_effect_fails() -> None:
+    for state, now, kubelet in REACHABLE:
+        for index in range(4):
+            shell = SimulatedShell(kubelet, fail_at=index)
+            stopped = shell.apply(state, Shutdown(), now)
+            assert stopped.phase is Phase.STOPPED
+            assert step(stopped, Timer(), now + 100.0) == (stopped, [])
