@@ -258,6 +258,10 @@ class Metrics:
         self.state_file_failures = _counter(
             "colad_state_file_write_failures", "Writes of the plugin's state file that failed (each is retried)."
         )
+        self.thread_failures = _counter(
+            "colad_plugin_thread_failures",
+            "Threads of the plugin that ended with an error (a gRPC server's is replaced).",
+        )
         self.effect_failures = _counter(
             "colad_registration_effect_failures",
             "Effects of the registration life cycle the plugin could not carry out (then backed off and retried).",
@@ -287,6 +291,7 @@ class Metrics:
             self.http_refused,
             self.state_file_failures,
             self.effect_failures,
+            self.thread_failures,
         )  # fmt: skip
 
     @property

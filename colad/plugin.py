@@ -15,6 +15,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -113,6 +114,22 @@ class Plugin:
 
     def stop(self) -> None:
         self.events.put(ev.StopRequested())
+
+    def thread_died(self, args: threading.ExceptHookArgs) -> None:
+        """threading.excepthook: one line instead of a traceback, and an event for the life-cycle thread.
+
+        gRPC's serving thread (grpc/_server.py `_serve`) ends when it cannot start a worker thread
+        (a task limit): its server then leaves every call unanswered, so it must be replaced.
+        """
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "-"
+        error = f"{args.exc_type.__name__}: {args.exc_value}"
+        grpc_file = os.path.join("grpc", "_server.py")
+        frames = traceback.walk_tb(args.exc_traceback)
+        grpc_server = any(f.f_code.co_name == "_serve" and f.f_code.co_filename.endswith(grpc_file) for f, _ in frames)
+        LOG.error("thread ended with an error", thread=name, error=error, grpc_server=grpc_server)
+        self.events.put(ev.ThreadDied(name, error, grpc_server))
 
     def reload_requested(self) -> None:
         self.events.put(ev.ReloadRequested())
@@ -221,6 +238,11 @@ class Plugin:
                     handle.close()
             case ev.ObserversLoaded(error=error):
                 self._observers_loaded(error)
+            case ev.ThreadDied(error=error, grpc_server=grpc_server):
+                self.metrics.thread_failures.inc()
+                if grpc_server:  # which resource's is not known: each serves anew, on a fresh socket
+                    for endpoint in list(self.endpoints.values()):
+                        endpoint.apply(reg.ServerDied(error), now)
         self.on_timer()
         self.publish()
 
@@ -447,6 +469,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     handled = stop_signals | {signal.SIGHUP}
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     plugin = Plugin(cfg)
+    threading.excepthook = plugin.thread_died
 
     def wait_for_signal() -> None:
         while True:

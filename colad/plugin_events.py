@@ -49,6 +49,15 @@ class ListSent:
 
 
 @dataclass(frozen=True)
+class ThreadDied:
+    """A thread of the plugin ended with an exception (threading.excepthook): `grpc_server` if it served gRPC."""
+
+    name: str
+    error: str
+    grpc_server: bool
+
+
+@dataclass(frozen=True)
 class CallDone:
     resource: str
     call: int
@@ -87,5 +96,5 @@ class ObserversLoaded:
 
 Event = (
     Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
-    | ObserversLoaded
+    | ObserversLoaded | ThreadDied
 )  # fmt: skip

@@ -131,6 +131,13 @@ class KubeletSeen:
 
 
 @dataclass(frozen=True)
+class ServerDied:
+    """The thread that serves gRPC calls ended with `error`: the kubelet's calls to our socket go unanswered."""
+
+    error: str
+
+
+@dataclass(frozen=True)
 class Timer:
     pass
 
@@ -170,6 +177,7 @@ Event = (
     | StreamOpened
     | StreamClosed
     | KubeletSeen
+    | ServerDied
     | Timer
     | EffectFailed
     | OptionsChanged
@@ -330,6 +338,9 @@ def step(state: Registration, event: Event, now: float) -> Step:
                 state = _register(
                     state, effects, now, f"plugin socket removed ({reason})", "socket_removed", fresh=True
                 )
+        case ServerDied(error=error):
+            if state.endpoint and not state.pending:  # a Serve that failed after it answered: back off, serve anew
+                state = _retry_fresh(state, effects, now, f"server stopped serving: {error}")
         case Timer():
             state = _on_timer(state, effects, now)
         case OptionsChanged():

@@ -1,0 +1,106 @@
+"""A kubelet restart while the plugin cannot start a thread, under the real supervisord and a real task limit.
+
+The plugin is moved into a pids cgroup of its own (cgroup v1, /sys/fs/cgroup/pids) whose limit is the
+number of tasks it has: every effect that needs a new thread then fails as it would at the unit's
+TasksMax. The failure must show in `colad status` while it lasts, the plugin must neither exit nor log
+a traceback (the guard), and once the limit is lifted the kubelet must get a registration and the whole
+list back within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from colad.registration import BACKOFF_MAX
+from tests.fakes.kubelet import FakeKubelet
+from tests.helpers import http_get, metrics_address, wait_until
+from tests.service import ColadService
+
+pytestmark = pytest.mark.e2e
+
+PIDS = Path("/sys/fs/cgroup/pids")
+NO_THREAD = "can't start new thread"
+
+
+@contextmanager
+def task_limit(pid: int) -> Iterator[Path]:
+    """`pid` (all its threads) in a pids cgroup of its own, limited to the tasks it has; lifted on exit."""
+    group = PIDS / f"colad-test-{os.getpid()}-{pid}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(f"{pid}\n")
+        (group / "pids.max").write_text((group / "pids.current").read_text())
+        yield group
+    finally:
+        (group / "pids.max").write_text("max\n")
+        for task in (group / "cgroup.procs").read_text().split():
+            try:
+                (PIDS / "cgroup.procs").write_text(f"{task}\n")
+            except ProcessLookupError:
+                pass
+        group.rmdir()
+
+
+def failures(colad: ColadService) -> list[str]:
+    lines = colad.log_lines("registration effect failed") + colad.log_lines("thread ended with an error")
+    return [line for line in lines if "proc=plugin" in line]
+
+
+def status(colad: ColadService) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "colad", "status"], env=colad.env, capture_output=True, text=True, timeout=30
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.fixture
+def colad(short_tmp: Path, kubelet: FakeKubelet) -> Iterator[ColadService]:
+    service = ColadService(short_tmp)
+    service.add("cocacola", "peisicola")
+    service.start()
+    yield service
+    rc = service.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + service.log()[-4000:]
+
+
+@pytest.mark.skipif(not (PIDS / "cgroup.procs").is_file(), reason="needs the cgroup v1 pids controller")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a pids cgroup")
+def test_a_kubelet_restart_at_the_task_limit_is_shown_then_registration_returns_once_lifted(
+    colad: ColadService, kubelet: FakeKubelet
+) -> None:
+    kubelet.wait_devices({"cocacola", "peisicola"}, timeout=30)
+    url = f"http://{metrics_address(colad.run_dir)}/healthz"
+    wait_until(lambda: http_get(url)[0] == 200, 20, "/healthz 200", logs=[colad.log_path])
+    pids = colad.wait_running()
+    registrations = len(kubelet.successful_registrations())
+    with task_limit(pids["plugin"]) as group:
+        kubelet.restart()
+        rc, out = wait_until(
+            lambda: (r := status(colad))[0] == 1 and NO_THREAD in r[1] and r,
+            30, "colad status names the failure", logs=[colad.log_path],
+        )  # fmt: skip
+        assert "registered: no (" in out and f"RuntimeError: {NO_THREAD}" in out, out
+        # Whichever thread the limit refuses first (the old server's stop, the new server's, a call's, or a
+        # gRPC worker once the kubelet dials), each failure is one line, then a back-off and a retry.
+        failed = wait_until(lambda: f if len(f := failures(colad)) >= 3 else None, 40, "3 failures, retried")
+        assert all(NO_THREAD in line for line in failed), failed
+        assert int((group / "pids.events").read_text().split()[1]) > 0, "the limit was what refused the threads"
+        assert len(kubelet.successful_registrations()) == registrations
+    lifted = time.monotonic()
+    kubelet.wait_registered(count=registrations + 1, timeout=BACKOFF_MAX + 10)
+    kubelet.wait_devices({"cocacola", "peisicola"}, timeout=10)
+    assert set(kubelet.devices().values()) == {"Healthy"}
+    assert time.monotonic() - lifted < BACKOFF_MAX + 10
+    assert kubelet.stream_alive()
+    wait_until(lambda: http_get(url)[0] == 200, 20, "/healthz 200 again", logs=[colad.log_path])
+    rc, out = wait_until(lambda: (r := status(colad))[0] == 0 and r, 20, "colad status 0 again")
+    assert colad.pids() == pids, "no role exited"
+    assert "Traceback" not in colad.log()
