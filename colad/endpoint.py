@@ -111,6 +111,7 @@ class Endpoint:
         self.pre_start_required = resource.pre_start_required
         self.state = reg.Registration(started=now)
         self.server: Any = None
+        self.server_died = False  # a gRPC serving thread died: maybe this server's (which one is not known)
         self.socket_path: str | None = None
         self.calls: dict[int, Call] = {}
         self.fit: FittedList | None = None  # the last list measured against the kubelet's limit
@@ -240,8 +241,9 @@ class Endpoint:
         if self.server is not None:
             # At shutdown the streams were just ended (close_generation): a moment's grace lets the
             # withdrawal's empty list flush to the kubelet; elsewhere the peer is gone or replaced.
-            self.server.stop(grace=SHUTDOWN_GRACE if self.closing else 0).wait(5)
-            self.server = None
+            # A server whose serving thread died never reports its stop: not waited for.
+            self.server.stop(grace=SHUTDOWN_GRACE if self.closing else 0).wait(0 if self.server_died else 5)
+            self.server, self.server_died = None, False
         if self.socket_path:
             self.ctx.sockets.remove(self.socket_path)  # only if it is still the socket we made
         self.socket_path = None
@@ -273,6 +275,11 @@ class Endpoint:
         """A reload changed pre_start_required: the kubelet takes options only at Register."""
         if self.resource.pre_start_required != self.pre_start_required:
             self.apply(reg.OptionsChanged(), now)
+
+    def thread_died(self, error: str, now: float) -> None:
+        """A gRPC server's serving thread ended: if it was ours, nothing answers on our socket any more."""
+        self.server_died = self.server is not None
+        self.apply(reg.ServerDied(error), now)
 
     def stream_changed(self, generation: int, opened: bool, now: float) -> None:
         self.apply(reg.StreamOpened(generation) if opened else reg.StreamClosed(generation), now)

@@ -242,7 +242,7 @@ class Plugin:
                 self.metrics.thread_failures.inc()
                 if grpc_server:  # which resource's is not known: each serves anew, on a fresh socket
                     for endpoint in list(self.endpoints.values()):
-                        endpoint.apply(reg.ServerDied(error), now)
+                        endpoint.thread_died(error, now)
         self.on_timer()
         self.publish()
 
