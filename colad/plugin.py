@@ -322,7 +322,6 @@ class Plugin:
         if error or self.observers == "up":
             return
         from colad.httpserver import MetricsServer
-        from colad.podresources import InUseWatcher
         from colad.status import RoleHealth
         from colad.status_socket import StatusSocket
 
@@ -337,9 +336,19 @@ class Plugin:
                 on_refuse=lambda reason: refused.labels(reason).inc(),
             )  # fmt: skip
             self.metrics_server.start()
-        # Who holds which device, from the kubelet's PodResources API; the published names, so a reload counts.
-        self.inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
-        self.inuse.start()
+        self.start_inuse()
+
+    def start_inuse(self) -> None:
+        """Who holds which device, from the kubelet's PodResources API; the published names, so a reload counts."""
+        from colad.podresources import InUseWatcher
+
+        inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
+        try:
+            inuse.start()
+        except RuntimeError as exc:  # its thread cannot start (a task limit): retried on the safety timer
+            LOG.warning("in-use view not started; retrying", error=str(exc))
+            return
+        self.inuse = inuse
 
     def on_timer(self) -> bool:
         """Step what is due; False when nothing was (the state file's wake: nothing to publish)."""
@@ -354,6 +363,8 @@ class Plugin:
             if self.status_socket is not None and not self.status_socket.intact():
                 self.status_socket.stop()
                 self.status_socket.start()
+            if self.observers == "up" and self.inuse is None:
+                self.start_inuse()
             self.check_kubelet("periodic")
         return bool(due) or safety
 

@@ -82,6 +82,11 @@ class Sockets:
             self.queue_problem = f"{self.cfg.run_dir}: {exc}"
             LOG.error("run directory not usable; retrying", run_dir=self.cfg.run_dir, reason=reason, error=exc)
             return
+        except RuntimeError as exc:  # its thread cannot start (a task limit): retried on the safety timer
+            server.stop()
+            self.queue_problem = f"cannot start its thread: {exc}"
+            LOG.error("queue not listening; retrying", reason=reason, error=exc)
+            return
         self.queue_problem = ""
         self.queue = server
 

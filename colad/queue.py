@@ -106,8 +106,9 @@ class QueueServer:
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._run, name="queue-server", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="queue-server", daemon=True)
+        thread.start()  # a RuntimeError at a task limit: stop() then closes what was opened, joining nothing
+        self._thread = thread
         LOG.info("queue listening", path=self.path)
 
     def intact(self) -> bool:

@@ -31,13 +31,16 @@ NO_THREAD = "can't start new thread"
 
 
 @contextmanager
-def task_limit(pid: int) -> Iterator[Path]:
-    """`pid` (all its threads) in a pids cgroup of its own, limited to the tasks it has; lifted on exit."""
+def task_limit(pid: int, tasks: int | None = None) -> Iterator[Path]:
+    """`pid` (all its threads) in a pids cgroup of its own, limited to `tasks` (the tasks it has); lifted on exit.
+
+    A limit below the tasks it has refuses every new one, even after some of its threads end.
+    """
     group = PIDS / f"colad-test-{os.getpid()}-{pid}"
     group.mkdir()
     try:
         (group / "cgroup.procs").write_text(f"{pid}\n")
-        (group / "pids.max").write_text((group / "pids.current").read_text())
+        (group / "pids.max").write_text(f"{tasks}\n" if tasks else (group / "pids.current").read_text())
         yield group
     finally:
         (group / "pids.max").write_text("max\n")
@@ -102,5 +105,25 @@ def test_a_kubelet_restart_at_the_task_limit_is_shown_then_registration_returns_
     assert kubelet.stream_alive()
     wait_until(lambda: http_get(url)[0] == 200, 20, "/healthz 200 again", logs=[colad.log_path])
     rc, out = wait_until(lambda: (r := status(colad))[0] == 0 and r, 20, "colad status 0 again")
+    assert colad.pids() == pids, "no role exited"
+    assert "Traceback" not in colad.log()
+
+
+@pytest.mark.skipif(not (PIDS / "cgroup.procs").is_file(), reason="needs the cgroup v1 pids controller")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a pids cgroup")
+def test_the_queue_socket_lost_at_the_task_limit_is_listened_again_once_lifted(
+    colad: ColadService, kubelet: FakeKubelet
+) -> None:
+    kubelet.wait_devices({"cocacola", "peisicola"}, timeout=30)
+    url = f"http://{metrics_address(colad.run_dir)}/healthz"
+    wait_until(lambda: http_get(url)[0] == 200, 20, "/healthz 200", logs=[colad.log_path])
+    pids = colad.wait_running()
+    with task_limit(pids["plugin"], tasks=1):
+        (colad.run_dir / "queue.sock").unlink()
+        lines = colad.wait_log("queue not listening; retrying", timeout=20)
+        assert NO_THREAD in lines[0], lines
+    colad.wait_log("queue listening", timeout=20, count=2)
+    colad.add("fanta")  # discovery reaches the plugin again: the kubelet holds the new device
+    kubelet.wait_devices({"cocacola", "peisicola", "fanta"}, timeout=30)
     assert colad.pids() == pids, "no role exited"
     assert "Traceback" not in colad.log()
