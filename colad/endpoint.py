@@ -24,7 +24,7 @@ from colad.devices import DeviceSet
 from colad.kubeletdir import fresh_endpoint, socket_identity
 from colad.messages import DeviceSnapshot
 from colad.metrics import Metrics
-from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StreamChanged
+from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StopRequested, StreamChanged
 from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
 from colad.snapshots import keep_stats, stats_of
 from colad.socketpath import SocketRecord
@@ -112,6 +112,7 @@ class Endpoint:
         self.state = reg.Registration(started=now)
         self.server: Any = None
         self.server_died = False  # a gRPC serving thread died: maybe this server's (which one is not known)
+        self.failed = False  # an effect failed since the plugin last wrote its state file
         self.socket_path: str | None = None
         self.calls: dict[int, Call] = {}
         self.fit: FittedList | None = None  # the last list measured against the kubelet's limit
@@ -144,6 +145,7 @@ class Endpoint:
             kind = reg.effect_name(effect)
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self.ctx.metrics.effect_failures.labels(self.name, kind).inc()
+            self.failed = True  # the plugin writes its state file at once: status names the failure
             LOG.warning("registration effect failed", resource=self.name, effect=kind, error=error)
             return reg.EffectFailed(effect, error)
 
@@ -189,6 +191,11 @@ class Endpoint:
                 )  # fmt: skip
             case reg.GaveUpWaiting(waited=waited):
                 LOG.warning("no device snapshot yet; registering anyway", resource=name, waited=f"{waited}s")
+            case reg.Restart(reason=reason):
+                LOG.error(
+                    "gRPC no longer answers; exiting so supervisord restarts the plugin", resource=name, reason=reason
+                )
+                self.ctx.post(StopRequested(1, reason))
             case reg.SendEmptyList():
                 self.broadcast.update(DeviceSet())
                 self.draining = True  # only once it is on its way: withdraw() waits for its send

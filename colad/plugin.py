@@ -195,7 +195,14 @@ class Plugin:
         self.published = published
 
     def write_state(self, *, now: bool = False) -> None:
-        """Write the published snapshot to the state file once it is due (or `now`), if it changed."""
+        """Write the published snapshot to the state file once it is due (or `now`), if it changed.
+
+        At once after a failed effect: the next one may block (gRPC's core waits for a thread it cannot start).
+        """
+        if failed := [e for e in self.endpoints.values() if e.failed]:
+            for endpoint in failed:
+                endpoint.failed = False
+            now = True
         at = self.clock()
         if self.state_due is None or not (now or at >= self.state_due):
             return
@@ -450,7 +457,7 @@ class Plugin:
                         return 1
         finally:
             self.shutdown()
-        return 0
+        return event.code
 
     def shutdown(self) -> None:
         if self.inuse is not None:

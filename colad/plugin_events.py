@@ -84,7 +84,8 @@ class ReloadRequested:
 
 @dataclass(frozen=True)
 class StopRequested:
-    pass
+    code: int = 0  # the plugin's exit code: non-zero when it cannot go on and supervisord must start it again
+    reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,14 @@ class SendEmptyList:
     """Tell the kubelet the devices are gone, on the live stream."""
 
 
+@dataclass(frozen=True)
+class Restart:
+    """gRPC in this process stopped reporting on calls (a Register unanswered past its own deadline): only a
+    new process can be trusted with the next ones, so the plugin exits non-zero and supervisord starts it."""
+
+    reason: str
+
+
 Effect = (
     StopServer
     | Serve
@@ -265,6 +273,7 @@ Effect = (
     | Transition
     | GaveUpWaiting
     | SendEmptyList
+    | Restart
 )
 
 
@@ -331,7 +340,9 @@ def step(state: Registration, event: Event, now: float) -> Step:
             if state.phase is Phase.STARTING or state.pending:
                 pass
             elif identity and identity != state.kubelet_identity:
-                state = replace(state, backoff=BACKOFF_MIN)  # a new kubelet: no reason to wait
+                # A new kubelet: no reason to wait, once. Taken as the one to register with, so that while
+                # its Register keeps failing, reports of the same kubelet leave the retries to the back-off.
+                state = replace(state, backoff=BACKOFF_MIN, kubelet_identity=identity)
                 cause = f"kubelet.sock recreated ({reason})"
                 state = _register(state, effects, now, cause, "kubelet_restart", fresh=True)
             elif not intact:
@@ -365,7 +376,10 @@ def _on_timer(state: Registration, effects: list[Effect], now: float) -> Registr
     if state.answer_by is not None and now >= state.answer_by:
         if state.pending:
             return _retry_fresh(state, effects, now, f"no answer to the {effect_name(_awaited(state))} effect")
-        return _retry_fresh(state, effects, now, f"Register call {state.call} not answered in time")
+        reason = f"Register call {state.call} not answered in time"
+        state = _retry_fresh(state, effects, now, reason)
+        effects.append(Restart(f"{reason}, not even by its own deadline"))
+        return state
     if state.pending:
         return state
     if state.phase is Phase.STARTING and now >= state.started + INITIAL_DEVICES_WAIT:

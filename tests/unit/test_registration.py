@@ -33,6 +33,7 @@ from colad.registration import (
     RegisterDone,
     RegisterSent,
     Registration,
+    Restart,
     RetryAt,
     SendEmptyList,
     SendRegister,
@@ -352,6 +353,7 @@ CASES = [
             generation=2,
             endpoint="",
             answer_by=AWAIT,
+            kubelet_identity=NEW_KUBELET,
             pending="kubelet.sock recreated (watcher)",
             pending_cause="kubelet_restart",
         ),
@@ -369,6 +371,7 @@ CASES = [
             generation=2,
             endpoint="",
             answer_by=AWAIT,
+            kubelet_identity=NEW_KUBELET,
             pending="kubelet.sock recreated (watcher)",
             pending_cause="kubelet_restart",
         ),
@@ -384,6 +387,7 @@ CASES = [
             generation=2,
             endpoint="",
             answer_by=AWAIT,
+            kubelet_identity=NEW_KUBELET,
             pending="kubelet.sock recreated (periodic)",
             pending_cause="kubelet_restart",
         ),
@@ -404,6 +408,14 @@ CASES = [
         [StopServer(1), Serve(2, "socket_removed")],
         id="own-socket-gone-serves-anew",
     ),  # fmt: skip
+    pytest.param(
+        # a report of the kubelet whose Register keeps failing (every new socket is one) waits for the back-off
+        replace(BACKOFF, kubelet_identity=NEW_KUBELET, retry_at=NOW + 0.4),
+        KubeletSeen(NEW_KUBELET, True, "watcher"),
+        replace(BACKOFF, kubelet_identity=NEW_KUBELET, retry_at=NOW + 0.4),
+        [],
+        id="the-same-new-kubelet-reported-again-leaves-the-retry-to-the-back-off",
+    ),
     pytest.param(
         BACKOFF,
         KubeletSeen("", True, "watcher"),
@@ -731,6 +743,7 @@ FAILED_CASES = [
             CancelCall(1),
             RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, "Register call 1 not answered in time"),
             Transition(Phase.REGISTERING, Phase.BACKOFF, "Register call 1 not answered in time"),
+            Restart("Register call 1 not answered in time, not even by its own deadline"),
         ],
         id="a-register-call-never-answered-is-cancelled-past-its-deadline",
     ),
@@ -786,6 +799,10 @@ class SimulatedShell:
                     if isinstance(effect, SendRegister):
                         self.sent.append((effect.call, state.generation))
                     events.append(EffectFailed(effect, FAILURE))
+                    break
+                if isinstance(effect, Restart):  # supervisord starts a new plugin: it registers from scratch
+                    state, events = Registration(started=now), [DevicesSeen()]
+                    self.sent.clear()
                     break
                 if (answer := self.answer(effect, state, now)) is not None:
                     events.append(answer)
