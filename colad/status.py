@@ -270,7 +270,8 @@ def render(report: dict[str, Any]) -> str:
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))
         lines.append("")
         lines.append(f"resource:   {r.name}")
-        lines.append(f"registered: {'yes' if r.registered else 'no'} ({r.state} since {since}{stale})")
+        error = f": {r.last_error}" if r.last_error and not r.registered else ""
+        lines.append(f"registered: {'yes' if r.registered else 'no'} ({r.state} since {since}{error}{stale})")
         lines.append(f"endpoint:   {r.endpoint or '-'}")
         replicas = f", {r.replicas} replicas each" if r.replicas > 1 else ""
         lines.append(f"devices:    {r.devices} ({r.healthy} healthy{replicas})")
