@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 
-from colad import cdi, constants, device_wire, devices, log, messages, nfd, snapshots, trust, watch
+from colad import cdi, commands, constants, device_wire, devices, log, messages, nfd, snapshots, trust, watch
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
@@ -413,6 +413,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         while not self.stopping:
             self.step(self.timeout())
         self.runner.close()
+        commands.stop_all()
         # A graceful stop takes the specs away (no colad, no devices to resolve); a crash leaves them.
         for name in self.watches:
             self._remove_spec(name)
@@ -425,4 +426,5 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     dirs = ",".join(r.device_dir for r in cfg.resources)
+    commands.become_subreaper()  # a probe's orphans are re-parented here, to be found and reaped
     return watch.run_role("discovery", lambda: Discovery(cfg), cfg, device_dirs=dirs)

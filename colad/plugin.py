@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from colad import commands, log, messages, proc, reload_plan, statefile
 from colad import config as config_mod
-from colad import log, messages, proc, reload_plan, statefile
 from colad import plugin_events as ev
 from colad import registration as reg
 from colad.config import Config, Resource
@@ -460,6 +460,7 @@ class Plugin:
         return event.code
 
     def shutdown(self) -> None:
+        commands.stop_all()  # a prepare command still running, and whatever it started
         if self.inuse is not None:
             self.inuse.stop()
         withdraw(list(self.endpoints.values()), self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
@@ -480,6 +481,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     log.setup("plugin", cfg.log_level)
     proc.setup_role()
+    commands.become_subreaper()  # a prepare command's orphans are re-parented here, to be found and reaped
     # Signals are taken by a thread of their own (sigwait) rather than a handler:
     # a handler runs on the lifecycle thread and could re-enter its event queue's
     # lock. Blocked here, before gRPC starts its threads, so they inherit the mask.

@@ -2,22 +2,22 @@
 
 plan() is pure: the requested IDs grouped by the command that prepares them (a device file's
 own `prepare`, else the resource's), each with its arguments and environment. run() is the
-thin shell: no shell, its own process group, stdin closed, output bounded, killed with its
-whole group at the deadline; the first line of its output is the reason of a failure.
+thin shell: no shell, stdin closed, output bounded, killed at the deadline; whether it exits or
+is killed, everything it started is killed with it (commands.py owns the processes). The first
+line of its output is the reason of a failure.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import selectors
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from colad import pathtrust, trust
+from colad import commands, pathtrust, trust
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.devices import Device, DeviceSet, base_id
 from colad.probes import BASE_ENV, OUTPUT_LIMIT, outcome
@@ -30,6 +30,7 @@ _SLOTS = threading.BoundedSemaphore(MAX_RUNNING)
 # Kept off the kubelet's deadline: killing the command's group and answering fit in it.
 ANSWER_MARGIN = 1.0
 POLL_INTERVAL = 0.05  # how soon the command's exit is noticed while its output pipe is quiet
+SETTLE = 0.2  # after the kill, how long what it left may take to be reaped before the answer goes
 
 
 @dataclass(frozen=True)
@@ -105,50 +106,55 @@ def run(step: Step, timeout: float, trusted: frozenset[int] = trust.ROOT_ONLY) -
 
 def _run(step: Step, deadline: float, timeout: float) -> Result:
     try:
-        child = subprocess.Popen(
-            step.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**BASE_ENV, **dict(step.env)},
-            start_new_session=True,  # its own process group: a timeout kills what it started, too
-            close_fds=True,
-        )
+        child = commands.start(step.argv, {**BASE_ENV, **dict(step.env)})
     except (OSError, ValueError) as exc:
         return Result(False, f"cannot run {step.argv[0]}: {getattr(exc, 'strerror', None) or exc}")
-    assert child.stdout is not None
+    stdout = child.popen.stdout
+    assert stdout is not None
     output = bytearray()
-    returncode: int | None = None
+    exited = False
     try:
         with selectors.DefaultSelector() as selector:
-            selector.register(child.stdout, selectors.EVENT_READ)
+            selector.register(stdout, selectors.EVENT_READ)
             # Until it exits and its output is read, or the deadline. A child it left behind may
             # hold the pipe open: once the command itself has exited, only what is there is read.
             # Beyond OUTPUT_LIMIT the output is read and dropped, so it never stalls on a full pipe.
             while (left := deadline - time.monotonic()) > 0:
-                exited = child.poll() is not None
+                exited = child.exited()
                 if not selector.select(0 if exited else min(left, POLL_INTERVAL)):
                     if exited:
                         break
                     continue
-                chunk = os.read(child.stdout.fileno(), 65536)
+                chunk = os.read(stdout.fileno(), 65536)
                 if not chunk:
                     break
                 output += chunk[: max(0, OUTPUT_LIMIT - len(output))]
-        try:  # EOF can come just before the exit status does
-            returncode = child.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            returncode = None
+        exited = exited or _exits_by(child, deadline)  # EOF can come just before the exit status does
     finally:
-        _kill_group(child.pid)  # what it left behind, and the command itself past the deadline
-        child.wait()
-        child.stdout.close()
-    verdict = outcome(returncode, bytes(output), timeout)
-    return Result(verdict.healthy, verdict.reason, timed_out=returncode is None)
+        child.kill()  # what it left behind, and the command itself past the deadline
+        returncode = child.wait()
+        stdout.close()
+        commands.settle(SETTLE)
+    verdict = outcome(returncode if exited else None, bytes(output), timeout)
+    return Result(verdict.healthy, verdict.reason, timed_out=not exited)
 
 
-def _kill_group(pgid: int) -> None:
+def _exits_by(child: commands.Child, deadline: float) -> bool:
+    """Whether the command exits before `deadline`, without reaping it."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        pidfd: int | None = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while not child.exited():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(left, POLL_INTERVAL))
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -3,8 +3,9 @@
 ProbeRunner is a non-blocking object the discovery loop polls: it hands out the fds to wait on
 (each probe's output pipe, and a pidfd that becomes readable when it exits) and the next
 deadline; poll() starts due probes (at most max_in_flight at once), reads output, reaps, kills
-a probe past its timeout (its whole process group) and returns the verdicts that changed.
-Nothing in it waits. The pure parts (first_line, outcome) are separate for the unit tests.
+a probe past its timeout and returns the verdicts that changed. A probe that ends, or is killed,
+ends with everything it started (commands.py owns the processes). Nothing in it waits. The
+pure parts (first_line, outcome) are separate for the unit tests.
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from colad import pathtrust, trust
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # imported where a probe starts: discovery without probes never loads it (#14)
-    import subprocess
+from colad import commands, pathtrust, trust
 
 PENDING = "probe has not completed yet"
 MAX_REASON = 200
@@ -80,7 +77,7 @@ def outcome(returncode: int | None, output: bytes, timeout: float | None = None)
 class _Running:
     key: str
     probe: Probe
-    popen: subprocess.Popen[bytes]
+    child: commands.Child
     deadline: float
     pidfd: int | None
     output: bytearray = field(default_factory=bytearray)
@@ -144,14 +141,15 @@ class ProbeRunner:
         for run in list(self._running.values()) + self._reaping:
             if run.pidfd is not None:
                 fds.append(run.pidfd)
-            if run.popen.stdout is not None and not run.popen.stdout.closed:
-                fds.append(run.popen.stdout.fileno())
+            stdout = run.child.popen.stdout
+            if stdout is not None and not stdout.closed:
+                fds.append(stdout.fileno())
         return fds
 
     def next_deadline(self) -> float | None:
         """The monotonic time poll() must be called by, or None when nothing is scheduled."""
         times = [r.deadline for r in self._running.values()]
-        if any(r.pidfd is None for r in list(self._running.values()) + self._reaping):
+        if commands.pending() or any(r.pidfd is None for r in list(self._running.values()) + self._reaping):
             times.append(self.clock() + NO_PIDFD_POLL)
         self._drop_stale()
         if self._due and self.in_flight < self.max_in_flight:
@@ -164,19 +162,22 @@ class ProbeRunner:
         """Read, reap, time out and start what is due; the verdicts that changed, by key."""
         now = self.clock()
         changed: dict[str, Verdict] = {}
+        ended = False
         for run in list(self._running.values()):
             self._drain(run)
-            if self._exited(run):
+            if run.child.exited():
+                ended = True
                 self._drain(run)
-                # Kill what it left behind (`cmd &` holds the pipe and the slot's resources)
-                # while its pid still names the group: it is reaped only after.
-                self._kill(run)
-                returncode = run.popen.wait()
+                # Kill what it left behind (`cmd &` holds the pipe; a daemon would live on) while
+                # its pid still names its group and tree: it is reaped only after.
+                run.child.kill()
+                returncode = run.child.wait()
                 self._finish(run, now)
                 self._set(run.key, outcome(returncode, bytes(run.output)), changed)
             elif now >= run.deadline:
+                ended = True
                 self.timeouts += 1
-                self._kill(run)
+                run.child.kill()
                 run.killed = True
                 del self._running[run.key]
                 self._reaping.append(run)
@@ -184,25 +185,28 @@ class ProbeRunner:
                 self._set(run.key, outcome(None, bytes(run.output), run.probe.timeout), changed)
         for run in list(self._reaping):
             self._drain(run)
-            if run.popen.poll() is not None:
+            if run.child.poll() is not None:
                 self._reaping.remove(run)
                 self._close(run)
+        if ended or commands.pending():
+            commands.sweep()  # reaps what the probes left and their role adopted
         self._start_due(now, changed)
         return changed
 
     def close(self) -> None:
-        """Kill every running probe (graceful stop); reaped without waiting where possible."""
+        """Kill every running probe with everything it started, and reap them (bounded wait)."""
         for run in list(self._running.values()) + self._reaping:
             import subprocess  # noqa: PLC0415 - a probe ran, so it is loaded already
 
-            self._kill(run)
+            run.child.kill()
             try:
-                run.popen.wait(timeout=1.0)
+                run.child.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass  # in uninterruptible sleep; init reaps it once this process exits
             self._close(run)
         self._running.clear()
         self._reaping.clear()
+        commands.settle(1.0)
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -234,19 +238,8 @@ class ProbeRunner:
             self._set(key, Verdict(False, f"not run: {untrusted}"), changed)
             return
         env = {**self.env, **dict(probe.env)}
-        import subprocess  # noqa: PLC0415 - see TYPE_CHECKING above
-
         try:
-            popen = subprocess.Popen(
-                probe.command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                start_new_session=True,  # its own process group: a timeout kills what it started too
-                env=env,
-                cwd="/",
-            )
+            child = commands.start(probe.command, env)
         except (OSError, ValueError) as exc:  # ENOENT, EACCES, ENOEXEC; ValueError: NUL in argv
             self.spawn_failures += 1
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -254,17 +247,17 @@ class ProbeRunner:
             self._set(key, Verdict(False, f"cannot run {first_line(probe.command[0].encode())!r}: {reason}"), changed)
             return
         self.started += 1
-        assert popen.stdout is not None
-        os.set_blocking(popen.stdout.fileno(), False)
+        assert child.popen.stdout is not None
+        os.set_blocking(child.popen.stdout.fileno(), False)
         pidfd: int | None
         try:
-            pidfd = os.pidfd_open(popen.pid)
+            pidfd = os.pidfd_open(child.pid)
         except (AttributeError, OSError):
             pidfd = None
-        self._running[key] = _Running(key, probe, popen, now + probe.timeout, pidfd)
+        self._running[key] = _Running(key, probe, child, now + probe.timeout, pidfd)
 
     def _drain(self, run: _Running) -> None:
-        stdout = run.popen.stdout
+        stdout = run.child.popen.stdout
         if stdout is None or stdout.closed:
             return
         while True:
@@ -281,28 +274,16 @@ class ProbeRunner:
             if room > 0:
                 run.output += chunk[:room]
 
-    def _exited(self, run: _Running) -> bool:
-        """Whether the probe exited, without reaping it (WNOWAIT), so its pgid stays its own."""
-        try:
-            return os.waitid(os.P_PID, run.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True  # reaped by someone else: popen.wait() then reports 0 (Popen's own rule)
-
     def _finish(self, run: _Running, now: float) -> None:
         del self._running[run.key]
         self._close(run)
         if run.key in self._probes:
             self._schedule(run.key, now + run.probe.interval)
 
-    def _kill(self, run: _Running) -> None:
-        try:
-            os.killpg(run.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def _close(self, run: _Running) -> None:
-        if run.popen.stdout is not None and not run.popen.stdout.closed:
-            run.popen.stdout.close()
+        stdout = run.child.popen.stdout
+        if stdout is not None and not stdout.closed:
+            stdout.close()
         if run.pidfd is not None:
             os.close(run.pidfd)
             run.pidfd = None
@@ -310,7 +291,7 @@ class ProbeRunner:
     def _forget(self, key: str) -> None:
         run = self._running.pop(key, None)
         if run is not None:
-            self._kill(run)
+            run.child.kill()
             self._reaping.append(run)
         self._probes.pop(key, None)
         self._verdicts.pop(key, None)

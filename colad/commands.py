@@ -1,0 +1,364 @@
+"""External commands (probes, prepare commands): the one owner of their processes in a role.
+
+start() runs argv without a shell, in a session of its own, stdin closed, output on a pipe, with
+a marker in its environment (COLAD_COMMAND) that whatever it starts inherits. Child.kill() ends
+the command with everything it started: its process tree, its process group, and each process
+the role adopted (the role is a child subreaper) carrying its marker. sweep() reaps adopted
+processes that exited and kills those no running command owns; stop_all() ends every command at
+the role's stop. Neighbours: probes.py (discovery's probes), prestart.py (the plugin's prepares).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from colad import log
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # imported where a command starts: a role that runs none never loads it
+    import subprocess
+
+LOG = log.get(__name__)
+MARKER_ENV = "COLAD_COMMAND"
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PROC = "/proc"
+KILL_ROUNDS = 10  # passes over the tree while new processes turn up (one that forks as it dies)
+STOP_WAIT = 1.0  # at the role's stop, how long killed processes may take to be reaped
+
+_LOCK = threading.RLock()  # spawn + register vs. sweep: a child forked and not yet registered looks adopted
+_LIVE: dict[int, Child] = {}  # pid -> started and not yet reaped
+_SEQ = itertools.count(1)
+_STATE = {"subreaper": False, "stopping": False}
+_UNREAPED: set[int] = set()  # adopted processes killed and not yet reaped
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Make this process the reaper of its descendants' orphans (PR_SET_CHILD_SUBREAPER); False if refused.
+
+    Then a process a command started that outlives its parent (`setsid cmd &`, a double fork) is
+    re-parented to this role, not to init, where sweep() and Child.kill() find it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        ok = False
+    if on and not ok:
+        LOG.warning("not a child subreaper: what a command leaves behind is found by its marker alone")
+    _STATE["subreaper"] = on and ok
+    return ok
+
+
+def is_subreaper() -> bool:
+    return _STATE["subreaper"]
+
+
+@dataclass(eq=False)
+class Child:
+    """A started command; its owner reads `popen.stdout`, then kill() and poll()/wait() it."""
+
+    popen: subprocess.Popen[bytes]
+    marker: str
+    killed: bool = False  # kill() ran: processes carrying its marker are no longer protected
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exited(self) -> bool:
+        """Whether the command exited, without reaping it (WNOWAIT): its pid still names its group."""
+        if self.popen.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def kill(self) -> int:
+        """SIGKILL the command (if it still runs) and everything it started; the number of processes signalled."""
+        with _LOCK:
+            self.killed = True
+            return _kill_tree(self)
+
+    def poll(self) -> int | None:
+        returncode = self.popen.poll()
+        if returncode is not None:
+            _forget(self)
+        return returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        returncode = self.popen.wait(timeout)  # raises TimeoutExpired: still registered
+        _forget(self)
+        return returncode
+
+
+def start(argv: Sequence[str], env: Mapping[str, str], cwd: str = "/") -> Child:
+    """Start `argv` (no shell) in a session of its own; raises OSError or ValueError as Popen does."""
+    import subprocess  # noqa: PLC0415 - see TYPE_CHECKING above
+
+    with _LOCK:
+        if _STATE["stopping"]:
+            raise OSError(0, "colad is stopping")
+        marker = f"{os.getpid()}.{next(_SEQ)}"
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            start_new_session=True,  # its own process group and session
+            env={**env, MARKER_ENV: marker},
+            cwd=cwd,
+        )
+        child = _LIVE[popen.pid] = Child(popen, marker)
+    return child
+
+
+def sweep(everything: bool = False) -> int:
+    """Reap adopted processes that exited, kill those no running command owns; how many remain to reap.
+
+    Adopted: children of this process it did not start (a subreaper's orphans). A role that is no
+    subreaper has none (init adopts them): only `everything` (its stop) then looks, over all of
+    /proc, for processes carrying the marker of one of its commands."""
+    with _LOCK:
+        if not _STATE["subreaper"] and not everything:
+            return 0
+        owners = {c.marker for c in _LIVE.values() if not c.killed}
+        table = _Table()
+        for pid in _adopted(table):
+            stat = _stat(pid)
+            if stat is None:
+                _UNREAPED.discard(pid)
+                continue
+            if stat[2] in "ZX":
+                _reap(pid)
+                continue
+            if _marker(pid) in owners:
+                continue
+            frozen: dict[int, int | None] = {}
+            _freeze_tree(table, pid, frozen)
+            _kill_frozen(frozen)
+            if _STATE["subreaper"]:
+                _UNREAPED.add(pid)
+        return len(_UNREAPED)
+
+
+def pending() -> bool:
+    """Whether killed adopted processes wait to be reaped (the caller sweeps again soon)."""
+    return bool(_UNREAPED)
+
+
+def settle(timeout: float, everything: bool = False) -> int:
+    """sweep() until nothing killed waits to be reaped, for at most `timeout` seconds; how many still wait.
+
+    A SIGKILLed process exits once it is scheduled: on a loaded node some milliseconds later."""
+    deadline = time.monotonic() + timeout
+    while (left := sweep(everything)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
+def stop_all(timeout: float = STOP_WAIT) -> None:
+    """The role stops: no command starts any more, every running one is killed with what it
+    started, and what was adopted is killed and reaped (for at most `timeout` seconds)."""
+    with _LOCK:
+        _STATE["stopping"] = True
+        children = list(_LIVE.values())
+    signalled = sum(child.kill() for child in children)
+    settle(timeout, everything=True)
+    if signalled or _UNREAPED:
+        LOG.info("commands stopped", commands=len(children), killed=signalled, unreaped=len(_UNREAPED))
+
+
+def running() -> int:
+    """Commands started and not yet reaped."""
+    return len(_LIVE)
+
+
+# --- internals ---------------------------------------------------------------------------------
+
+
+def _forget(child: Child) -> None:
+    with _LOCK:
+        if _LIVE.get(child.pid) is child:
+            del _LIVE[child.pid]
+
+
+class _Table:
+    """One look at who is whose child: /proc/<pid>/task/*/children where the kernel has it
+    (CONFIG_PROC_CHILDREN), else one pass over every /proc/<pid>/stat."""
+
+    def __init__(self) -> None:
+        self._kids: dict[int, list[int]] | None = None
+        if not _HAS_CHILDREN_FILES:
+            self._kids = {}
+            for pid in _pids():
+                stat = _stat(pid)
+                if stat is not None:
+                    self._kids.setdefault(stat[0], []).append(pid)
+
+    def children(self, pid: int) -> list[int]:
+        if self._kids is not None:
+            return self._kids.get(pid, [])
+        kids: list[int] = []
+        try:
+            tids = os.listdir(f"{PROC}/{pid}/task")
+        except OSError:
+            return kids
+        for tid in tids:
+            try:
+                with open(f"{PROC}/{pid}/task/{tid}/children", "rb") as handle:
+                    kids.extend(int(k) for k in handle.read().split())
+            except (OSError, ValueError):
+                continue
+        return kids
+
+
+def _children_files() -> bool:
+    return os.path.exists(f"{PROC}/self/task/{os.getpid()}/children")
+
+
+_HAS_CHILDREN_FILES = _children_files()
+
+
+def _pids() -> Iterable[int]:
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return ()
+    return (int(n) for n in names if n.isdigit())
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, pgid, state) of `pid`, None when it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as handle:
+            data = handle.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return int(fields[1]), int(fields[2]), fields[0].decode("ascii", "replace")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _marker(pid: int) -> str | None:
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return None
+    prefix = MARKER_ENV.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("ascii", "replace")
+    return None
+
+
+def _adopted(table: _Table, marker: str | None = None) -> list[int]:
+    """This role's children it did not start (a subreaper's orphans), else the processes anywhere
+    carrying one of its markers; only those carrying `marker` when it is given."""
+    me = os.getpid()
+    if _STATE["subreaper"]:
+        found = [p for p in table.children(me) if p not in _LIVE]
+        return found if marker is None else [p for p in found if _marker(p) == marker]
+    mine = f"{me}."
+    return [
+        p
+        for p in _pids()
+        if p != me and (m := _marker(p)) is not None and (m == marker if marker else m.startswith(mine))
+    ]
+
+
+def _kill_tree(child: Child) -> int:
+    """Pass over the command's tree, its group and its adopted processes until no new one turns up."""
+    signalled: set[int] = set()
+    for _ in range(KILL_ROUNDS):
+        before = len(signalled)
+        table = _Table()
+        frozen: dict[int, int | None] = {}
+        if child.popen.returncode is None:  # not reaped: its pid and group id are still its own
+            _freeze_tree(table, child.pid, frozen)
+        for pid in _adopted(table, child.marker):
+            _freeze_tree(table, pid, frozen)
+            if _STATE["subreaper"]:
+                _UNREAPED.add(pid)
+        if child.popen.returncode is None:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _kill_frozen(frozen)
+        signalled.update(frozen)
+        if len(signalled) == before:
+            break
+    return len(signalled)
+
+
+def _freeze_tree(table: _Table, root: int, frozen: dict[int, int | None]) -> None:
+    """SIGSTOP `root` and its descendants, parents first, each held by a pidfd in `frozen`.
+
+    Stopped, a process neither forks nor exits, so its children keep it as their parent while
+    the tree is walked; _kill_frozen() then ends them all."""
+    todo = [(root, 0)]
+    while todo:
+        pid, parent = todo.pop()
+        if pid in frozen:
+            continue
+        fd = _stop(pid, parent)
+        if fd is False:
+            continue
+        frozen[pid] = fd
+        todo.extend((kid, pid) for kid in table.children(pid))
+
+
+def _stop(pid: int, parent: int) -> int | None | bool:
+    """SIGSTOP `pid` if it still runs and, unless `parent` is 0, is still `parent`'s child: its pidfd
+    (None where there is none), False when it is not to be touched.
+
+    Through the pidfd the check and the signals name the same process even if `pid` exited and
+    was reused in between."""
+    try:
+        fd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    stat = _stat(pid)
+    try:
+        if stat is None or stat[2] in "ZX" or (parent and stat[0] != parent):
+            raise ProcessLookupError
+        _send(pid, fd, signal.SIGSTOP)
+        return fd
+    except (ProcessLookupError, PermissionError):
+        if fd is not None:
+            os.close(fd)
+        return False
+
+
+def _send(pid: int, fd: int | None, sig: int) -> None:
+    if fd is not None:
+        signal.pidfd_send_signal(fd, sig)
+    else:
+        os.kill(pid, sig)
+
+
+def _kill_frozen(frozen: dict[int, int | None]) -> None:
+    for pid, fd in frozen.items():
+        try:
+            _send(pid, fd, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    _UNREAPED.discard(pid)

@@ -1,0 +1,247 @@
+"""What a probe or a prepare command starts ends with it, on real processes.
+
+This process plays the role: a child subreaper (as discovery and the plugin make themselves)
+runs probes through ProbeRunner and prepares through prestart.run. Each command escapes in its
+own way (a background child, a double fork into a new session, one with its environment
+cleared, a daemon that keeps forking, one that ignores SIGTERM and closes its output); whether
+the command exits or times out, nothing it started survives, no zombie stays, and a command's
+own daemon lives while that command runs. The role's stop (commands.stop_all) runs in a child
+process: it ends the module's life in the process that calls it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from colad import commands, prestart
+from colad.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.integration
+SH = "/bin/sh"
+DEADLINE = 15.0  # generous: the machine is shared
+_COUNTER = itertools.count(1)
+
+
+def token() -> str:
+    """A `sleep` argument no other process on the machine has: `sleep 3000.<pid><n>`."""
+    return f"3000.{os.getpid()}{next(_COUNTER):04d}"
+
+
+def survivors(tok: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds `tok`."""
+    found = []
+    needle = tok.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in cmdline and state != b"Z":
+            found.append(int(name))
+    return found
+
+
+def zombies_of(pid: int) -> int:
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] == b"Z":
+            count += 1
+    return count
+
+
+def gone(tok: str) -> None:
+    wait_until(lambda: not survivors(tok), DEADLINE, f"no process left holding {tok}")
+
+
+# Each escape starts `sleep <tok>` (SLEEP) in its own way; {then} is how the command goes on.
+ESCAPES = {
+    "background child": "{SLEEP} & {then}",
+    "double fork into a new session": "(setsid {SLEEP} &); {then}",
+    "double fork with the environment cleared": "(env -i /usr/bin/setsid {SLEEP} &); {then}",
+    "a daemon with children of its own": "(setsid sh -c '{SLEEP} & {SLEEP} & wait' &); {then}",
+    "a daemon that keeps forking": "(setsid sh -c 'while :; do {SLEEP} & sleep 0.02; done' &); {then}",
+    "ignores SIGTERM and closes its output": (
+        "(setsid sh -c 'trap \"\" TERM HUP; exec {SLEEP}' </dev/null >/dev/null 2>&1 &); {then}"
+    ),
+}
+EXITS = "echo started; exit 0"
+HANGS = "echo started; exec sleep 60"
+
+
+def script(escape: str, tok: str, then: str) -> str:
+    return ESCAPES[escape].format(SLEEP=f"sleep {tok}", then=then)
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    assert commands.become_subreaper()
+    yield
+    commands.settle(2.0)
+    commands.become_subreaper(False)
+    leftover = zombies_of(os.getpid())
+    assert leftover == 0, f"{leftover} zombies left in the test process"
+
+
+def drive(runner: ProbeRunner, until: Callable[[], bool], describe: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while not until():
+        assert time.monotonic() < end, f"timed out waiting for {describe}: {runner.verdicts()}"
+        deadline = runner.next_deadline()
+        wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
+        fds = runner.fds()
+        if fds:
+            import select
+
+            select.select(fds, [], [], wait)
+        else:
+            time.sleep(wait)
+        runner.poll()
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+@pytest.mark.parametrize("ends", ["exits", "times out"])
+def test_a_probe_ends_with_everything_it_started(subreaper: None, escape: str, ends: str) -> None:
+    tok = token()
+    runner = ProbeRunner(env=BASE_ENV)
+    then, timeout = (EXITS, 10.0) if ends == "exits" else (HANGS, 0.5)
+    try:
+        runner.set_probes({"cola1": Probe((SH, "-c", script(escape, tok, then)), timeout=timeout, interval=3600)})
+        drive(runner, lambda: runner.verdicts()["cola1"].reason != PENDING, "a verdict")
+        expected = Verdict(True) if ends == "exits" else Verdict(False, "timed out after 0.5s: started")
+        assert runner.verdicts()["cola1"] == expected
+        drive(runner, lambda: runner.in_flight == 0 and not commands.pending(), "the probe reaped")
+        gone(tok)
+    finally:
+        runner.close()
+    assert commands.running() == 0
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+@pytest.mark.parametrize("ends", ["exits", "times out"])
+def test_a_prepare_command_ends_with_everything_it_started(subreaper: None, escape: str, ends: str) -> None:
+    tok = token()
+    then, timeout = (EXITS, 10.0) if ends == "exits" else (HANGS, 0.5)
+    step = prestart.Step((SH, "-c", script(escape, tok, then)), ("cola1",), ())
+    result = prestart.run(step, timeout)
+    if ends == "exits":
+        assert (result.ok, result.timed_out) == (True, False), result
+    else:
+        assert (result.ok, result.timed_out, result.reason) == (False, True, "timed out after 0.5s: started")
+    gone(tok)
+    assert commands.running() == 0
+
+
+def test_zombies_stay_bounded_over_many_probe_cycles(subreaper: None) -> None:
+    """Orphans that exit on their own, and daemons killed at each probe's end, are reaped as they go."""
+    tok = token()
+    probe = f"(setsid true &); (setsid sleep {tok} &); (setsid sh -c 'sleep 0.01' &); sleep 0.05; exit 0"
+    runner = ProbeRunner(max_in_flight=2, env=BASE_ENV)
+    peak = 0
+
+    def twenty_cycles() -> bool:
+        nonlocal peak
+        peak = max(peak, zombies_of(os.getpid()))
+        return runner.started >= 40
+
+    try:
+        runner.set_probes({f"cola{i}": Probe((SH, "-c", probe), timeout=5, interval=0.02) for i in range(2)})
+        drive(runner, twenty_cycles, "20 cycles of two probes")
+    finally:
+        runner.close()
+    print(f"peak zombies over {runner.started} probe runs: {peak}")
+    assert peak <= 8, peak  # at most what two probes' ends leave before the next poll reaps them
+    gone(tok)
+
+
+def test_a_running_commands_own_daemon_lives_while_others_end(subreaper: None, tmp_path: Path) -> None:
+    """Attribution: the daemon a prepare still waits for is not killed when another command ends."""
+    flag = tmp_path / "flag"
+    waits = f"(setsid sh -c 'sleep 1; touch {flag}' &); sleep 2.5; test -e {flag} || echo lost; test -e {flag}"
+    result: list[prestart.Result] = []
+    thread = threading.Thread(target=lambda: result.append(prestart.run(prestart.Step((SH, "-c", waits), (), ()), 20)))
+    thread.start()
+    tok = token()
+    probe = ProbeRunner(env=BASE_ENV)
+    try:
+        probe.set_probes({"other": Probe((SH, "-c", f"(setsid sleep {tok} &); exit 0"), interval=0.05)})
+        drive(probe, lambda: probe.started >= 10 and not thread.is_alive(), "the prepare's end, ten probes meanwhile")
+    finally:
+        probe.close()
+        thread.join()
+    assert result[0].ok, result[0]
+    gone(tok)
+
+
+def test_without_a_subreaper_what_carries_the_marker_is_still_killed() -> None:
+    """A role that could not become a subreaper finds a double fork's daemon by its marker."""
+    assert not commands.is_subreaper()
+    tok = token()
+    step = prestart.Step((SH, "-c", script("double fork into a new session", tok, EXITS)), ("cola1",), ())
+    assert prestart.run(step, 10).ok
+    gone(tok)
+
+
+STOPPER = """
+import signal, sys, threading, time
+from colad import commands, prestart
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as the plugin takes it: sigwait
+commands.become_subreaper()
+step = prestart.Step(("/bin/sh", "-c", sys.argv[1]), ("cola1",), ())
+results = []
+thread = threading.Thread(target=lambda: results.append(prestart.run(step, 60)))
+thread.start()
+signal.sigwait({signal.SIGTERM})
+commands.stop_all()
+thread.join(5)
+print("result", results[0].ok if results else "none", "alive", thread.is_alive(), flush=True)
+"""
+
+
+def test_the_roles_stop_kills_running_commands_and_their_grandchildren() -> None:
+    tok = token()
+    command = f"(setsid sh -c 'sleep {tok} & sleep {tok}' &); sleep {tok} & echo started; sleep 60"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    role = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(STOPPER), command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        signalled = False
+
+        def started() -> bool:
+            return len(survivors(tok)) >= 3
+
+        wait_until(started, DEADLINE, "the command and its grandchildren running")
+        role.send_signal(15)
+        signalled = True
+        out, _ = role.communicate(timeout=DEADLINE)
+    finally:
+        if role.poll() is None:
+            role.kill()
+            role.wait()
+    assert signalled
+    text = out.decode()
+    assert "result False alive False" in text and "Traceback" not in text, text
+    gone(tok)
