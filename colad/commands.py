@@ -30,13 +30,15 @@ MARKER_ENV = "COLAD_COMMAND"
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 PROC = "/proc"
 KILL_ROUNDS = 10  # passes over the tree while new processes turn up (one that forks as it dies)
+EXEC_RETRIES = 5  # reads of an empty environment, 1 ms apart, before it counts as one without a marker
 STOP_WAIT = 1.0  # at the role's stop, how long killed processes may take to be reaped
 
 _LOCK = threading.RLock()  # spawn + register vs. sweep: a child forked and not yet registered looks adopted
 _LIVE: dict[int, Child] = {}  # pid -> started and not yet reaped
 _SEQ = itertools.count(1)
 _STATE = {"subreaper": False, "stopping": False}
-_UNREAPED: set[int] = set()  # adopted processes killed and not yet reaped
+_UNREAPED: dict[int, float] = {}  # killed processes that are or will be adopted -> when to stop waiting
+UNREAPED_FOR = 10.0  # a killed process neither gone nor reaped by then (in D state, its pid reused) is let go
 
 
 def become_subreaper(on: bool = True) -> bool:
@@ -129,24 +131,37 @@ def sweep(everything: bool = False) -> int:
     with _LOCK:
         if not _STATE["subreaper"] and not everything:
             return 0
-        owners = {c.marker for c in _LIVE.values() if not c.killed}
-        table = _Table()
-        for pid in _adopted(table):
-            stat = _stat(pid)
-            if stat is None:
-                _UNREAPED.discard(pid)
-                continue
-            if stat[2] in "ZX":
-                _reap(pid)
-                continue
-            if _marker(pid) in owners:
-                continue
-            frozen: dict[int, int | None] = {}
-            _freeze_tree(table, pid, frozen)
-            _kill_frozen(frozen)
-            if _STATE["subreaper"]:
-                _UNREAPED.add(pid)
-        return len(_UNREAPED)
+        return _sweep(_Table())
+
+
+def _sweep(table: _Table) -> int:
+    owners = {c.marker for c in _LIVE.values() if not c.killed}
+    for pid in _adopted(table):
+        stat = _stat(pid)
+        if stat is None:
+            continue
+        if stat[2] in "ZX":
+            _reap(pid)
+            continue
+        if _marker(pid) in owners:
+            continue
+        frozen: dict[int, int | None] = {}
+        _freeze_tree(table, pid, frozen)
+        _kill_frozen(frozen)
+        _await(frozen)
+    now = time.monotonic()
+    for pid, until in list(_UNREAPED.items()):
+        if now > until or _stat(pid) is None:  # gone: reaped by its own parent, or by this sweep
+            del _UNREAPED[pid]
+    return len(_UNREAPED)
+
+
+def _await(pids: Iterable[int]) -> None:
+    """Remember killed processes: as this role's children (adopted, or once their parent is gone)
+    they are reaped by the next sweeps, which the caller makes soon while pending()."""
+    if _STATE["subreaper"]:
+        until = time.monotonic() + UNREAPED_FOR
+        _UNREAPED.update(dict.fromkeys(pids, until))
 
 
 def pending() -> bool:
@@ -159,8 +174,10 @@ def settle(timeout: float, everything: bool = False) -> int:
 
     A SIGKILLed process exits once it is scheduled: on a loaded node some milliseconds later."""
     deadline = time.monotonic() + timeout
-    while (left := sweep(everything)) and time.monotonic() < deadline:
+    left = sweep(everything) if everything else len(_UNREAPED)
+    while left and time.monotonic() < deadline:
         time.sleep(0.01)
+        left = sweep(everything)
     return left
 
 
@@ -247,12 +264,21 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
 
 
 def _marker(pid: int) -> str | None:
-    try:
-        with open(f"{PROC}/{pid}/environ", "rb") as handle:
-            environ = handle.read()
-    except OSError:
-        return None
+    """The COLAD_COMMAND value in `pid`'s environment. A process in execve() shows an empty one for
+    a moment (the kernel sets the new environment after the new memory): read again then."""
     prefix = MARKER_ENV.encode() + b"="
+    for attempt in range(EXEC_RETRIES + 1):
+        try:
+            with open(f"{PROC}/{pid}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            return None
+        if environ:
+            break
+        stat = _stat(pid)
+        if attempt == EXEC_RETRIES or stat is None or stat[2] in "ZX" or stat[0] in (0, 2):  # 2: kthreadd's
+            return None
+        time.sleep(0.001)
     for entry in environ.split(b"\0"):
         if entry.startswith(prefix):
             return entry[len(prefix) :].decode("ascii", "replace")
@@ -275,7 +301,8 @@ def _adopted(table: _Table, marker: str | None = None) -> list[int]:
 
 
 def _kill_tree(child: Child) -> int:
-    """Pass over the command's tree, its group and its adopted processes until no new one turns up."""
+    """Pass over the command's tree, its group and its adopted processes until no new one turns up,
+    then sweep(): one look at /proc when the command left nothing behind."""
     signalled: set[int] = set()
     for _ in range(KILL_ROUNDS):
         before = len(signalled)
@@ -285,17 +312,18 @@ def _kill_tree(child: Child) -> int:
             _freeze_tree(table, child.pid, frozen)
         for pid in _adopted(table, child.marker):
             _freeze_tree(table, pid, frozen)
-            if _STATE["subreaper"]:
-                _UNREAPED.add(pid)
         if child.popen.returncode is None:
             try:
                 os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         _kill_frozen(frozen)
+        _await(p for p in frozen if p != child.pid)  # the command itself is its owner's to reap
         signalled.update(frozen)
         if len(signalled) == before:
             break
+    if _STATE["subreaper"]:  # the last look found nothing new: it serves the sweep as well
+        _sweep(table)
     return len(signalled)
 
 
@@ -361,4 +389,4 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    _UNREAPED.discard(pid)
+    _UNREAPED.pop(pid, None)

@@ -162,11 +162,9 @@ class ProbeRunner:
         """Read, reap, time out and start what is due; the verdicts that changed, by key."""
         now = self.clock()
         changed: dict[str, Verdict] = {}
-        ended = False
         for run in list(self._running.values()):
             self._drain(run)
             if run.child.exited():
-                ended = True
                 self._drain(run)
                 # Kill what it left behind (`cmd &` holds the pipe; a daemon would live on) while
                 # its pid still names its group and tree: it is reaped only after.
@@ -175,7 +173,6 @@ class ProbeRunner:
                 self._finish(run, now)
                 self._set(run.key, outcome(returncode, bytes(run.output)), changed)
             elif now >= run.deadline:
-                ended = True
                 self.timeouts += 1
                 run.child.kill()
                 run.killed = True
@@ -188,8 +185,8 @@ class ProbeRunner:
             if run.child.poll() is not None:
                 self._reaping.remove(run)
                 self._close(run)
-        if ended or commands.pending():
-            commands.sweep()  # reaps what the probes left and their role adopted
+        if commands.pending():
+            commands.sweep()  # reaps what a probe's end killed once it has exited
         self._start_due(now, changed)
         return changed
 

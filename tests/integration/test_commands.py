@@ -34,8 +34,8 @@ _COUNTER = itertools.count(1)
 
 
 def token() -> str:
-    """A `sleep` argument no other process on the machine has: `sleep 3000.<pid><n>`."""
-    return f"3000.{os.getpid()}{next(_COUNTER):04d}"
+    """A `sleep` argument no other process on the machine has: `sleep 600.<pid><n>`."""
+    return f"600.{os.getpid()}{next(_COUNTER):04d}"
 
 
 def survivors(tok: str) -> list[int]:
@@ -79,7 +79,9 @@ ESCAPES = {
     "double fork into a new session": "(setsid {SLEEP} &); {then}",
     "double fork with the environment cleared": "(env -i /usr/bin/setsid {SLEEP} &); {then}",
     "a daemon with children of its own": "(setsid sh -c '{SLEEP} & {SLEEP} & wait' &); {then}",
-    "a daemon that keeps forking": "(setsid sh -c 'while :; do {SLEEP} & sleep 0.02; done' &); {then}",
+    "a daemon that keeps forking": (  # for 200 rounds: bounded even where the kill fails
+        "(setsid sh -c 'i=0; while [ $i -lt 200 ]; do {SLEEP} & sleep 0.02; i=$((i+1)); done' &); {then}"
+    ),
     "ignores SIGTERM and closes its output": (
         "(setsid sh -c 'trap \"\" TERM HUP; exec {SLEEP}' </dev/null >/dev/null 2>&1 &); {then}"
     ),
