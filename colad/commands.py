@@ -36,7 +36,7 @@ STOP_WAIT = 1.0  # at the role's stop, how long killed processes may take to be 
 _LOCK = threading.RLock()  # spawn + register vs. sweep: a child forked and not yet registered looks adopted
 _LIVE: dict[int, Child] = {}  # pid -> started and not yet reaped
 _SEQ = itertools.count(1)
-_STATE = {"subreaper": False, "stopping": False}
+_STATE = {"subreaper": False, "stopping": False, "sigchld": False}
 _UNREAPED: dict[int, float] = {}  # killed processes that are or will be adopted -> when to stop waiting
 UNREAPED_FOR = 10.0  # a killed process neither gone nor reaped by then (in D state, its pid reused) is let go
 
@@ -129,6 +129,7 @@ def sweep(everything: bool = False) -> int:
     subreaper has none (init adopts them): only `everything` (its stop) then looks, over all of
     /proc, for processes carrying the marker of one of its commands."""
     with _LOCK:
+        _STATE["sigchld"] = False
         if not _STATE["subreaper"] and not everything:
             return 0
         return _sweep(_Table())
@@ -165,8 +166,16 @@ def _await(pids: Iterable[int]) -> None:
 
 
 def pending() -> bool:
-    """Whether killed adopted processes wait to be reaped (the caller sweeps again soon)."""
-    return bool(_UNREAPED)
+    """Whether the caller should sweep() soon: a killed process waits to be reaped, or a SIGCHLD came."""
+    return bool(_UNREAPED) or _STATE["sigchld"]
+
+
+def child_exited(_signum: int = 0, _frame: object = None) -> None:
+    """SIGCHLD: an adopted process may have exited; reaped at the next sweep(), which pending() asks for.
+
+    A process adopted between two looks at /proc would otherwise stay a zombie until the next
+    command ends."""
+    _STATE["sigchld"] = True
 
 
 def settle(timeout: float, everything: bool = False) -> int:
@@ -174,7 +183,7 @@ def settle(timeout: float, everything: bool = False) -> int:
 
     A SIGKILLed process exits once it is scheduled: on a loaded node some milliseconds later."""
     deadline = time.monotonic() + timeout
-    left = sweep(everything) if everything else len(_UNREAPED)
+    left = sweep(everything) if everything or pending() else 0
     while left and time.monotonic() < deadline:
         time.sleep(0.01)
         left = sweep(everything)
@@ -213,7 +222,7 @@ class _Table:
 
     def __init__(self) -> None:
         self._kids: dict[int, list[int]] | None = None
-        if not _HAS_CHILDREN_FILES:
+        if not CHILDREN_FILES:
             self._kids = {}
             for pid in _pids():
                 stat = _stat(pid)
@@ -241,7 +250,7 @@ def _children_files() -> bool:
     return os.path.exists(f"{PROC}/self/task/{os.getpid()}/children")
 
 
-_HAS_CHILDREN_FILES = _children_files()
+CHILDREN_FILES = _children_files()
 
 
 def _pids() -> Iterable[int]:

@@ -14,6 +14,7 @@ directory's scans), device_health.py (health, host-path watches, CDI and NFD fil
 from __future__ import annotations
 
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -427,4 +428,5 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
     dirs = ",".join(r.device_dir for r in cfg.resources)
     commands.become_subreaper()  # a probe's orphans are re-parented here, to be found and reaped
+    signal.signal(signal.SIGCHLD, commands.child_exited)  # wakes the loop (the waker's fd), which sweeps
     return watch.run_role("discovery", lambda: Discovery(cfg), cfg, device_dirs=dirs)

@@ -1,6 +1,7 @@
 """What a probe or a prepare command starts ends with it, on real processes.
 
 This process plays the role: a child subreaper (as discovery and the plugin make themselves)
+that finds processes through the kernel's children files or, as without them, a scan of /proc,
 runs probes through ProbeRunner and prepares through prestart.run. Each command escapes in its
 own way (a background child, a double fork into a new session, one with its environment
 cleared, a daemon that keeps forking, one that ignores SIGTERM and closes its output); whether
@@ -94,10 +95,16 @@ def script(escape: str, tok: str, then: str) -> str:
     return ESCAPES[escape].format(SLEEP=f"sleep {tok}", then=then)
 
 
-@pytest.fixture
-def subreaper() -> Iterator[None]:
+@pytest.fixture(params=["children files", "a scan of /proc"])
+def subreaper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process as a subreaper role; processes found through /proc/<pid>/task/*/children
+    (CONFIG_PROC_CHILDREN) or, as on kernels without them, through every /proc/<pid>/stat."""
+    if request.param == "children files" and not commands.CHILDREN_FILES:
+        pytest.skip("this kernel has no /proc/<pid>/task/<tid>/children")
+    monkeypatch.setattr(commands, "CHILDREN_FILES", request.param == "children files")
     assert commands.become_subreaper()
     yield
+    commands.child_exited()  # no SIGCHLD handler here: as if one had come
     commands.settle(2.0)
     commands.become_subreaper(False)
     leftover = zombies_of(os.getpid())
