@@ -106,7 +106,7 @@ def test_stopping_colad_kills_running_commands_and_what_they_started(short_tmp: 
         kubelet.wait_devices(DEVICES, timeout=30)
         (short_tmp / "probe.hang").touch()
         (short_tmp / "prepare.hang").touch()
-        errors: list[BaseException] = []
+        errors: list[grpc.RpcError] = []
 
         def prepare() -> None:
             try:
@@ -124,5 +124,8 @@ def test_stopping_colad_kills_running_commands_and_what_they_started(short_tmp: 
     assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
     caller.join(30)
     assert not caller.is_alive() and len(errors) == 1  # the kubelet got an answer, not a hang
+    error = errors[0]
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error  # type: ignore[attr-defined]
+    assert error.details().endswith("killed by SIGKILL: resetting"), error  # type: ignore[attr-defined]
     took = max(svc.gone(svc.probe_tok, 3.0), svc.gone(svc.prepare_tok, 3.0))
     print(f"after colad stopped, the commands' processes were gone within {took:.3f}s")
