@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import select
 import signal
 import threading
 import time
@@ -32,6 +33,7 @@ PROC = "/proc"
 KILL_ROUNDS = 10  # passes over the tree while new processes turn up (one that forks as it dies)
 EXEC_RETRIES = 5  # reads of an empty environment, 1 ms apart, before it counts as one without a marker
 STOP_WAIT = 1.0  # at the role's stop, how long killed processes may take to be reaped
+DEATH_WAIT = 0.5  # how long killed processes may take to exit before the next look (longer: in D state)
 
 _LOCK = threading.RLock()  # spawn + register vs. sweep: a child forked and not yet registered looks adopted
 _LIVE: dict[int, Child] = {}  # pid -> started and not yet reaped
@@ -137,14 +139,14 @@ def sweep(everything: bool = False) -> int:
 
 def _sweep(table: _Table) -> int:
     owners = {c.marker for c in _LIVE.values() if not c.killed}
+    acted = False
     for pid in _adopted(table):
         stat = _stat(pid)
-        if stat is None:
+        if stat is None or (stat[2] not in "ZX" and _marker(pid) in owners):
             continue
+        acted = True
         if stat[2] in "ZX":
             _reap(pid)
-            continue
-        if _marker(pid) in owners:
             continue
         frozen: dict[int, int | None] = {}
         _freeze_tree(table, pid, frozen)
@@ -154,6 +156,9 @@ def _sweep(table: _Table) -> int:
     for pid, until in list(_UNREAPED.items()):
         if now > until or _stat(pid) is None:  # gone: reaped by its own parent, or by this sweep
             del _UNREAPED[pid]
+    # A process adopted while the table was read (its parent died meanwhile) is seen by the next
+    # look: after a sweep that reaped or killed, another one follows until one finds nothing to do.
+    _STATE["sigchld"] = _STATE["sigchld"] or acted
     return len(_UNREAPED)
 
 
@@ -183,11 +188,12 @@ def settle(timeout: float, everything: bool = False) -> int:
 
     A SIGKILLed process exits once it is scheduled: on a loaded node some milliseconds later."""
     deadline = time.monotonic() + timeout
-    left = sweep(everything) if everything or pending() else 0
-    while left and time.monotonic() < deadline:
+    if everything or pending():
+        sweep(everything)
+    while pending() and time.monotonic() < deadline:
         time.sleep(0.01)
-        left = sweep(everything)
-    return left
+        sweep(everything)
+    return len(_UNREAPED)
 
 
 def stop_all(timeout: float = STOP_WAIT) -> None:
@@ -365,7 +371,9 @@ def _stop(pid: int, parent: int) -> int | None | bool:
         fd = None
     stat = _stat(pid)
     try:
-        if stat is None or stat[2] in "ZX" or (parent and stat[0] != parent):
+        # Its parent may have died since the table was read: then it is this subreaper's child.
+        adopted = _STATE["subreaper"] and stat is not None and stat[0] == os.getpid()
+        if stat is None or stat[2] in "ZX" or (parent and stat[0] != parent and not adopted):
             raise ProcessLookupError
         _send(pid, fd, signal.SIGSTOP)
         return fd
@@ -383,14 +391,30 @@ def _send(pid: int, fd: int | None, sig: int) -> None:
 
 
 def _kill_frozen(frozen: dict[int, int | None]) -> None:
+    """SIGKILL every process of `frozen`, then wait (at most DEATH_WAIT) until each has exited.
+
+    A process forked just before its parent was stopped is in no table yet; once that parent has
+    exited it is this subreaper's child, so the next look finds it."""
     for pid, fd in frozen.items():
         try:
             _send(pid, fd, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        finally:
-            if fd is not None:
-                os.close(fd)
+    deadline = time.monotonic() + DEATH_WAIT
+    waiting = dict(frozen)
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        fds = [fd for fd in waiting.values() if fd is not None]
+        if fds:  # a pidfd is readable once its process exited
+            ready = set(select.select(fds, [], [], min(left, 0.05))[0])
+        else:
+            time.sleep(min(left, 0.005))
+            ready = set()
+        for pid, fd in list(waiting.items()):
+            if fd in ready if fd is not None else (stat := _stat(pid)) is None or stat[2] in "ZX":
+                del waiting[pid]
+    for fd in frozen.values():
+        if fd is not None:
+            os.close(fd)
 
 
 def _reap(pid: int) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -70,8 +72,25 @@ def zombies_of(pid: int) -> int:
     return count
 
 
+def describe(pids: list[int]) -> str:
+    """Each process as `pid ppid state COLAD_COMMAND`, for a failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            marker = [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e.startswith(b"COLAD_")]
+        except (OSError, IndexError):
+            continue
+        lines.append(f"{pid} ppid={int(fields[1])} state={fields[0].decode()} {marker} (test pid {os.getpid()})")
+    lines.append(f"commands running={commands.running()} pending={commands.pending()}")
+    return "; ".join(lines)
+
+
 def gone(tok: str) -> None:
-    wait_until(lambda: not survivors(tok), DEADLINE, f"no process left holding {tok}")
+    try:
+        wait_until(lambda: not survivors(tok), DEADLINE, f"no process left holding {tok}")
+    except AssertionError as exc:
+        raise AssertionError(f"left: {describe(survivors(tok))}") from exc
 
 
 # Each escape starts `sleep <tok>` (SLEEP) in its own way; {then} is how the command goes on.
@@ -158,6 +177,48 @@ def test_a_prepare_command_ends_with_everything_it_started(subreaper: None, esca
         assert (result.ok, result.timed_out, result.reason) == (False, True, "timed out after 0.5s: started")
     gone(tok)
     assert commands.running() == 0
+
+
+def random_tree(rng: random.Random, sleep: str, depth: int = 0) -> str:
+    """Shell statements that start `sleep` processes in a random tree of escapes without blocking:
+    backgrounded, double-forked into a new session, through a shell with its environment cleared,
+    several in a row; each escaped shell runs more of them, or the sleep itself, then waits or not."""
+    kind = rng.choice(["bg", "setsid", "env -i", "two"] if depth < 3 else ["bg"])
+    if kind == "two":
+        return f"{random_tree(rng, sleep, depth + 1)}\n{random_tree(rng, sleep, depth + 1)}"
+    body = sleep if depth >= 2 or rng.random() < 0.3 else random_tree(rng, sleep, depth + 1)
+    body += rng.choice(["\nwait", "\nsleep 600", ""]) if body != sleep else ""
+    if kind == "bg":
+        return f"{{ {body}\n}} &"
+    if kind == "setsid":
+        return f"(setsid /bin/sh -c {shlex.quote(body)} &)"
+    return f"(env -i /bin/sh -c {shlex.quote('PATH=/usr/bin:/bin' + chr(10) + body)} &)"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_trees_of_escapes_end_with_their_command(subreaper: None, seed: int) -> None:
+    rng = random.Random(seed)
+    tok = token()
+    tree = random_tree(rng, f"sleep {tok}")
+    ends = rng.choice(["exits", "times out"])
+    then, timeout = (EXITS, 10.0) if ends == "exits" else (HANGS, 0.5)
+    command = f"{tree}\n{then}"
+    if rng.random() < 0.5:
+        result = prestart.run(prestart.Step((SH, "-c", command), ("cola1",), ()), timeout)
+        assert (result.ok, result.timed_out) == (ends == "exits", ends != "exits"), (seed, command, result)
+    else:
+        runner = ProbeRunner(env=BASE_ENV)
+        try:
+            runner.set_probes({"cola1": Probe((SH, "-c", command), timeout=timeout, interval=3600)})
+            drive(runner, lambda: runner.verdicts()["cola1"].reason != PENDING, "a verdict")
+            assert runner.verdicts()["cola1"].healthy == (ends == "exits"), (seed, command)
+            drive(runner, lambda: runner.in_flight == 0, "the probe reaped")
+        finally:
+            runner.close()
+    try:
+        gone(tok)
+    except AssertionError as exc:
+        raise AssertionError(f"seed {seed}: {command}") from exc
 
 
 def test_zombies_stay_bounded_over_many_probe_cycles(subreaper: None) -> None:
