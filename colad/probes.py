@@ -4,8 +4,9 @@ ProbeRunner is a non-blocking object the discovery loop polls: it hands out the 
 (each probe's output pipe, and a pidfd that becomes readable when it exits) and the next
 deadline; poll() starts due probes (at most max_in_flight at once), reads output, reaps, kills
 a probe past its timeout and returns the verdicts that changed. A probe that ends, or is killed,
-ends with everything it started (commands.py owns the processes). Nothing in it waits. The
-pure parts (first_line, outcome) are separate for the unit tests.
+ends with everything it started (commands.py owns the processes). Nothing in it waits, but
+for killed processes to exit (microseconds; at most commands.DEATH_WAIT for one in D state).
+The pure parts (first_line, outcome) are separate for the unit tests.
 """
 
 from __future__ import annotations
