@@ -486,7 +486,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     # a handler runs on the lifecycle thread and could re-enter its event queue's
     # lock. Blocked here, before gRPC starts its threads, so they inherit the mask.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
-    handled = stop_signals | {signal.SIGHUP, signal.SIGCHLD}
+    handled = stop_signals | {signal.SIGHUP}
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     plugin = Plugin(cfg)
     threading.excepthook = plugin.thread_died
@@ -494,9 +494,6 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     def wait_for_signal() -> None:
         while True:
             signum = signal.sigwait(handled)
-            if signum == signal.SIGCHLD:  # a prepare's adopted process may have exited: reap it
-                commands.sweep()
-                continue
             LOG.info("signal received", signal=signal.Signals(signum).name)
             if signum in stop_signals:
                 plugin.stop()
