@@ -85,7 +85,8 @@ class Child:
             return True
 
     def kill(self) -> int:
-        """SIGKILL the command (if it still runs) and everything it started; the number of processes signalled."""
+        """SIGKILL the command (if it still runs) and everything it started; how many processes it had left
+        (everything killed but the command itself: a fault of the command, counted by its owner)."""
         with _LOCK:
             self.killed = True
             return _kill_tree(self)
@@ -339,7 +340,7 @@ def _kill_tree(child: Child) -> int:
             break
     if _STATE["subreaper"]:  # the last look found nothing new: it serves the sweep as well
         _sweep(table)
-    return len(signalled)
+    return len(signalled - {child.pid})
 
 
 def _freeze_tree(table: _Table, root: int, frozen: dict[int, int | None]) -> None:

@@ -149,6 +149,7 @@ class HealthOutputs:
     clock: Callable[[], float]
     watches: dict[str, ResourceWatch]
     runner: ProbeRunner
+    leftovers_counted: int  # runner.leftovers already counted as input.command_leftovers
     host_inotify: watch.Inotify
     host_wds: dict[str, tuple[int, int]]
     host_recheck: bool
@@ -204,6 +205,9 @@ class HealthOutputs:
                 self.rescan("hostpath", [self.watches[n] for n in named], named, ())
             self._sync_host_watches()
         changed = self.runner.poll()
+        if self.runner.leftovers != self.leftovers_counted:  # a probe's fault: it left processes behind
+            self.stats.count("input.command_leftovers", self.runner.leftovers - self.leftovers_counted)
+            self.leftovers_counted = self.runner.leftovers
         if changed:
             by_resource: dict[str, set[str]] = {}
             for key in changed:

@@ -56,6 +56,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         super().__init__(cfg, "discovery", client=client)
         self.clock = clock
         self.runner = ProbeRunner(cfg.probe_max_in_flight, trusted=cfg.trusted_uids)
+        self.leftovers_counted = 0
         # Host-path watches in their own inotify: a shared one would merge them with the device
         # directories' watches (one wd per inode) and a removal would end both.
         self.host_inotify = watch.Inotify(self.stats.count)

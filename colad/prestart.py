@@ -48,6 +48,7 @@ class Result:
     reason: str = ""  # why it failed: the first line of its output, an exit status, a timeout
     timed_out: bool = False
     refused: bool = False  # not run: a program someone untrusted could have written
+    leftovers: int = 0  # processes it left running, killed at its end
 
 
 class UnknownDevice(Exception):
@@ -131,12 +132,12 @@ def _run(step: Step, deadline: float, timeout: float) -> Result:
                 output += chunk[: max(0, OUTPUT_LIMIT - len(output))]
         exited = exited or _exits_by(child, deadline)  # EOF can come just before the exit status does
     finally:
-        child.kill()  # what it left behind, and the command itself past the deadline
+        leftovers = child.kill()  # what it left behind, and the command itself past the deadline
         returncode = child.wait()
         stdout.close()
         commands.settle(SETTLE)
     verdict = outcome(returncode if exited else None, bytes(output), timeout)
-    return Result(verdict.healthy, verdict.reason, timed_out=not exited)
+    return Result(verdict.healthy, verdict.reason, timed_out=not exited, leftovers=leftovers)
 
 
 def _exits_by(child: commands.Child, deadline: float) -> bool:

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from colad import commands, pathtrust, trust
+from colad import commands, log, pathtrust, trust
 
+LOG = log.get(__name__)
 PENDING = "probe has not completed yet"
 MAX_REASON = 200
 OUTPUT_LIMIT = 4096  # bytes kept of a probe's output; the rest is read and dropped (no pipe stall)
@@ -109,6 +110,8 @@ class ProbeRunner:
         self.spawn_failures = 0
         self.timeouts = 0
         self.refused = 0  # runs refused: a program someone untrusted can write
+        self.leftovers = 0  # processes probes left running when they ended, killed
+        self._warned: set[tuple[str, ...]] = set()  # commands whose leftovers were logged
 
     # --- configuration -----------------------------------------------------------------------
 
@@ -169,13 +172,13 @@ class ProbeRunner:
                 self._drain(run)
                 # Kill what it left behind (`cmd &` holds the pipe; a daemon would live on) while
                 # its pid still names its group and tree: it is reaped only after.
-                run.child.kill()
+                self._left(run, run.child.kill())
                 returncode = run.child.wait()
                 self._finish(run, now)
                 self._set(run.key, outcome(returncode, bytes(run.output)), changed)
             elif now >= run.deadline:
                 self.timeouts += 1
-                run.child.kill()
+                self._left(run, run.child.kill())
                 run.killed = True
                 del self._running[run.key]
                 self._reaping.append(run)
@@ -277,6 +280,14 @@ class ProbeRunner:
         self._close(run)
         if run.key in self._probes:
             self._schedule(run.key, now + run.probe.interval)
+
+    def _left(self, run: _Running, count: int) -> None:
+        """A probe left `count` processes running (killed now): counted, logged once per command."""
+        if count:
+            self.leftovers += count
+            if run.probe.command not in self._warned:
+                self._warned.add(run.probe.command)
+                LOG.warning("probe left processes running; killed", command=run.probe.command[0], killed=count)
 
     def _close(self, run: _Running) -> None:
         stdout = run.child.popen.stdout

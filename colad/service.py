@@ -305,6 +305,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         deadline = time.monotonic() + budget
         for step in steps:
             result = prestart.run(step, max(0.0, deadline - time.monotonic()), self.trusted())
+            if result.leftovers:
+                LOG.warning(
+                    "prepare left processes running; killed",
+                    resource=self.resource,
+                    command=step.argv[0],
+                    killed=result.leftovers,
+                )
             if not result.ok:
                 outcome = "timeout" if result.timed_out else "failed"
                 if result.refused:

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.integration.test_commands import survivors, token, zombies_of
@@ -86,9 +87,14 @@ def test_escaping_daemons_of_probes_and_prepares_never_outlive_them(service: Ser
     assert peak_alive <= 8, peak_alive
     assert peak_zombies <= 8, peak_zombies
     kubelet.wait_devices(DEVICES, timeout=10)  # every probe run was healthy: none was killed early
+    # A fault of the probe: one line per command, every process counted.
+    assert len(colad.log_lines('msg="probe left processes running; killed"')) == 1
+    leftovers = 'colad_input_rejected_total{reason="command_leftovers",role="discovery"}'
+    wait_until(lambda: (sample(colad, leftovers) or 0) >= 20, 10, "the probes' leftovers counted")
 
     kubelet.pre_start_container(["cocacola"])
     print(f"after a prepare that succeeded: gone in {service.gone(service.prepare_tok):.3f}s")
+    colad.wait_log('msg="prepare left processes running; killed" resource=myway5.com/cola')
     (service.dir / "prepare.hang").touch()
     with pytest.raises(grpc.RpcError) as info:
         kubelet.pre_start_container(["peisicola"])

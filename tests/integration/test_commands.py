@@ -159,6 +159,8 @@ def test_a_probe_ends_with_everything_it_started(subreaper: None, escape: str, e
         assert runner.verdicts()["cola1"] == expected
         drive(runner, lambda: runner.in_flight == 0 and not commands.pending(), "the probe reaped")
         gone(tok)
+        if escape != "double fork with the environment cleared":  # carries no marker: no command's
+            assert runner.leftovers >= 1
     finally:
         runner.close()
     assert commands.running() == 0
@@ -176,6 +178,8 @@ def test_a_prepare_command_ends_with_everything_it_started(subreaper: None, esca
     else:
         assert (result.ok, result.timed_out, result.reason) == (False, True, "timed out after 0.5s: started")
     gone(tok)
+    if escape != "double fork with the environment cleared":  # carries no marker: no command's
+        assert result.leftovers >= 1, result
     assert commands.running() == 0
 
 
