@@ -4,12 +4,13 @@ start() runs argv without a shell, in a session of its own, stdin closed, output
 a marker in its environment (COLAD_COMMAND) that whatever it starts inherits. Child.kill() ends
 the command with everything it started: its process tree, its process group, and each process
 the role adopted (the role is a child subreaper) carrying its marker. sweep() reaps adopted
-processes that exited and kills those no running command owns; stop_all() ends every command at
-the role's stop. Neighbours: probes.py (discovery's probes), prestart.py (the plugin's prepares).
+processes that exited and kills those no running command owns; stopping() ends every command
+at the role's stop. Neighbours: probes.py (discovery's probes), prestart.py (the plugin's prepares).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -17,7 +18,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from colad import log
@@ -197,16 +198,23 @@ def settle(timeout: float, everything: bool = False) -> int:
     return len(_UNREAPED)
 
 
-def stop_all(timeout: float = STOP_WAIT) -> None:
-    """The role stops: no command starts any more, every running one is killed with what it
-    started, and what was adopted is killed and reaped (for at most `timeout` seconds)."""
+@contextlib.contextmanager
+def stopping(timeout: float = STOP_WAIT) -> Iterator[int]:
+    """The role stops: within the block no command starts; first every running one is killed with
+    what it started, and what was adopted is killed and reaped (for at most `timeout` seconds).
+
+    Yields how many commands were running."""
     with _LOCK:
         _STATE["stopping"] = True
         children = list(_LIVE.values())
-    signalled = sum(child.kill() for child in children)
-    settle(timeout, everything=True)
-    if signalled or _UNREAPED:
-        LOG.info("commands stopped", commands=len(children), killed=signalled, unreaped=len(_UNREAPED))
+    try:
+        signalled = sum(child.kill() for child in children)
+        settle(timeout, everything=True)
+        if children or _UNREAPED:
+            LOG.info("commands stopped", commands=len(children), left=signalled, unreaped=len(_UNREAPED))
+        yield len(children)
+    finally:
+        _STATE["stopping"] = False
 
 
 def running() -> int:

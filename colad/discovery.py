@@ -414,8 +414,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._trim_heap()
         while not self.stopping:
             self.step(self.timeout())
-        self.runner.close()
-        commands.stop_all()
+        self.runner.close()  # each probe killed with what it started; what discovery adopted, reaped
         # A graceful stop takes the specs away (no colad, no devices to resolve); a crash leaves them.
         for name in self.watches:
             self._remove_spec(name)

@@ -460,20 +460,20 @@ class Plugin:
         return event.code
 
     def shutdown(self) -> None:
-        commands.stop_all()  # a prepare command still running, and whatever it started
-        if self.inuse is not None:
-            self.inuse.stop()
-        withdraw(list(self.endpoints.values()), self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
-        now = self.clock()
-        for endpoint in self.endpoints.values():
-            endpoint.close(now)
-        self.publish()
-        self.write_state(now=True)
-        self.sockets.stop()
-        if self.status_socket is not None:
-            self.status_socket.stop()
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
+        with commands.stopping():  # a prepare still running is killed with what it started; no new one
+            if self.inuse is not None:
+                self.inuse.stop()
+            withdraw(list(self.endpoints.values()), self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
+            now = self.clock()
+            for endpoint in self.endpoints.values():
+                endpoint.close(now)
+            self.publish()
+            self.write_state(now=True)
+            self.sockets.stop()
+            if self.status_socket is not None:
+                self.status_socket.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
         LOG.info("plugin stopped")
 
 

@@ -6,8 +6,8 @@ runs probes through ProbeRunner and prepares through prestart.run. Each command 
 own way (a background child, a double fork into a new session, one with its environment
 cleared, a daemon that keeps forking, one that ignores SIGTERM and closes its output); whether
 the command exits or times out, nothing it started survives, no zombie stays, and a command's
-own daemon lives while that command runs. The role's stop (commands.stop_all) runs in a child
-process: it ends the module's life in the process that calls it.
+own daemon lives while that command runs. The role's stop (commands.stopping) runs in a child
+process, as the plugin takes SIGTERM.
 """
 
 from __future__ import annotations
@@ -285,8 +285,8 @@ results = []
 thread = threading.Thread(target=lambda: results.append(prestart.run(step, 60)))
 thread.start()
 signal.sigwait({signal.SIGTERM})
-commands.stop_all()
-thread.join(5)
+with commands.stopping():
+    thread.join(5)
 print("result", results[0].ok if results else "none", "alive", thread.is_alive(), flush=True)
 """
 
