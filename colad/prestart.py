@@ -27,7 +27,8 @@ from colad.probes import BASE_ENV, OUTPUT_LIMIT, outcome
 MAX_RUNNING = 4
 RESOURCE_ENV = "COLA_RESOURCE_NAME"
 _SLOTS = threading.BoundedSemaphore(MAX_RUNNING)
-# Kept off the kubelet's deadline: killing the command's group and answering fit in it.
+# Kept off the kubelet's deadline: killing the command with what it started and answering fit in it
+# (unless a killed process hangs in D state: commands.DEATH_WAIT per pass).
 ANSWER_MARGIN = 1.0
 POLL_INTERVAL = 0.05  # how soon the command's exit is noticed while its output pipe is quiet
 SETTLE = 0.2  # after the kill, how long what it left may take to be reaped before the answer goes
