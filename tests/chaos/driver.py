@@ -460,6 +460,11 @@ class Chaos:
             self.health.pop(name)
         self.change_devices()
 
+    def reload(self) -> subprocess.CompletedProcess[str]:
+        """`colad reload`, as an operator runs it."""
+        command = [sys.executable, "-m", "colad", "reload"]
+        return subprocess.run(command, env=self.colad.env, capture_output=True, text=True, timeout=60)
+
     def config_alias_reload(self) -> None:
         """A second resource on the same directory spelled differently: refused by `colad reload` and by SIGHUP."""
         real = str(self.colad.device_dir)
@@ -483,13 +488,7 @@ class Chaos:
         self.config.write_text(self.good_config + alias)
         refused_before = len(self.colad.log_lines("reload refused; the running config stays"))
         try:
-            run = subprocess.run(
-                [sys.executable, "-m", "colad", "reload"],
-                env=self.colad.env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            run = self.reload()
             detail = f"device_dir {spelling!r}: rc={run.returncode} stderr={run.stderr!r}"
             assert run.returncode == 2, f"colad reload accepted an alias: {detail}"
             assert len(run.stderr.splitlines()) == 1 and "Traceback" not in run.stderr, detail
@@ -503,13 +502,7 @@ class Chaos:
             self.config.write_text(self.good_config)
             (self.colad.device_dir / "nested").rmdir()
             # The operator's fix: the good file reloaded, so no refused reload stays in /healthz.
-            fixed = subprocess.run(
-                [sys.executable, "-m", "colad", "reload"],
-                env=self.colad.env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            fixed = self.reload()
             assert fixed.returncode == 0, f"the good config was not reloaded: rc={fixed.returncode} {fixed.stderr!r}"
 
     # ---- faults: the metrics port ----
