@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from colad.device_rules import CDI_CLASS, CDI_VENDOR
 from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing costs a process ~0.5 MiB; no annotation is evaluated at run time
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from typing import Final
