@@ -30,7 +30,7 @@ SERVER_RESTART_REASONS = (
 )  # fmt: skip
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
 # PreStartContainer: prepared, a prepare command failed or timed out, a device not advertised.
-PRE_START_RESULTS = ("success", "failed", "timeout", "not_found")
+PRE_START_RESULTS = ("success", "failed", "timeout", "not_found", "busy")
 # Allocate answers that named devices in the classic form because colad's CDI spec on disk did not list
 # them (cdi.SpecReader's reasons).
 CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_listed")

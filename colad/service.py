@@ -44,10 +44,14 @@ __all__ = [
     "to_response",
 ]
 
-# Streams beyond this are refused, so watchers (kubelet-sim, colad check...)
-# can never take every worker thread away from Allocate.
+# Streams and PreStartContainer calls beyond these are refused (RESOURCE_EXHAUSTED), so neither watchers
+# (kubelet-sim, colad check...) nor prepares waiting for a turn can take every worker from Allocate: a
+# refused Allocate fails the pod's admission for good, a refused PreStartContainer is retried by the
+# kubelet with the container's start.
 MAX_STREAMS = 4
-WORKERS = MAX_STREAMS + 8
+MAX_PRE_STARTS = 6
+ALLOCATE_RESERVE = 2  # workers only Allocate, GetPreferredAllocation and GetDevicePluginOptions reach
+WORKERS = MAX_STREAMS + MAX_PRE_STARTS + ALLOCATE_RESERVE
 
 
 def plugin_options(pre_start_required: bool) -> pb.DevicePluginOptions:
@@ -164,6 +168,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.generation = generation
         self.events = events
         self._streams = 0
+        self._pre_starts = threading.BoundedSemaphore(MAX_PRE_STARTS)
         self._lock = threading.Lock()
         self._encode = functools.partial(_encode, resource)
 
@@ -286,6 +291,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
         """Run the prepare command(s) of the container's devices; an error names the devices and the reason."""
+        if not self._pre_starts.acquire(blocking=False):
+            self.metrics.pre_start_requests.labels(self.resource, "busy").inc()
+            raise RequestError(
+                f"at most {MAX_PRE_STARTS} PreStartContainer calls at once; the kubelet retries the start",
+                status="RESOURCE_EXHAUSTED",
+            )
+        try:
+            return self._pre_start(request, context)
+        finally:
+            self._pre_starts.release()
+
+    def _pre_start(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
         from colad import prestart  # subprocess and the probes: not on the start's path (plugin.py preloads it)
 
         started = time.perf_counter()

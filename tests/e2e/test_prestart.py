@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +165,44 @@ def test_a_device_prepare_without_a_resource_prepare_requires_nothing(short_tmp:
         (colad.device_dir / "fanta").write_text("")  # another change: the same ignored set, no new line
         kubelet.wait_devices(BASE | {"fanta"}, timeout=30)
         assert len(colad.log_lines("device prepare ignored")) == 1
+    finally:
+        rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def test_a_burst_of_slow_prepares_leaves_allocate_a_worker(short_tmp: Path, kubelet: FakeKubelet) -> None:
+    # 16 PreStartContainer calls whose prepare takes 3 s: at most MAX_PRE_STARTS are taken (4 run, the
+    # others wait for a turn), the rest are RESOURCE_EXHAUSTED at once, and Allocate is answered meanwhile.
+    from colad.service import MAX_PRE_STARTS
+
+    started = short_tmp / "started"
+    command = shlex.join(["/bin/sh", "-c", f'echo "$1" >> {shlex.quote(str(started))}; sleep 3', "prepare"])
+    colad = ColadService(short_tmp, extra_env={"COLAD_PREPARE": command, "COLAD_PREPARE_TIMEOUT": "10"})
+    ids = [f"c{i:02}" for i in range(20)]
+    colad.add(*ids)
+    colad.start()
+    try:
+        kubelet.wait_devices(set(ids), timeout=30)
+        codes: list[str] = []
+
+        def pre_start(device_id: str) -> None:
+            try:
+                kubelet.pre_start_container([device_id], timeout=30)
+                codes.append("OK")
+            except grpc.RpcError as exc:
+                codes.append(exc.code().name)
+
+        callers = [threading.Thread(target=pre_start, args=(device_id,)) for device_id in ids[:16]]
+        for caller in callers:
+            caller.start()
+        wait_until(lambda: started.exists() and len(started.read_text().split()) >= 4, 20, "four prepares running")
+        for _ in range(5):
+            response = kubelet.allocate([ids[19]], timeout=5)
+            assert response["envs"]["COLA_DEVICES"] == ids[19], response
+        for caller in callers:
+            caller.join(timeout=40)
+        assert sorted(codes) == ["OK"] * MAX_PRE_STARTS + ["RESOURCE_EXHAUSTED"] * (16 - MAX_PRE_STARTS), codes
+        assert (metric(colad, "busy") or 0) >= 1 and metric(colad, "success") == MAX_PRE_STARTS
     finally:
         rc = colad.stop()
     assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
