@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from colad import commands, log, messages, proc, reload_plan, statefile
+from colad import commands, log, messages, pathtrust, proc, reload_plan, statefile
 from colad import config as config_mod
 from colad import plugin_events as ev
 from colad import registration as reg
@@ -147,7 +147,9 @@ class Plugin:
 
             roles = RoleHealth(self.cfg)
         unasked = self.status_socket.problem() if self.status_socket is not None else ""
-        return assess(self.published, roles.view(fresh=fresh), self.clock(), unasked=unasked)
+        found = ((r.name, pathtrust.directory_problem(r.device_dir, self.cfg.trusted_uids)) for r in self.cfg.resources)
+        refused = tuple(f"{name}: {why}" for name, why in found if why is not None)  # a few lstats each
+        return assess(self.published, roles.view(fresh=fresh), self.clock(), unasked=unasked, refused=refused)
 
     def status_answer(self) -> bytes:
         """For the status socket (its thread): the verdict, readiness and published state, stamped."""

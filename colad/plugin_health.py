@@ -129,7 +129,9 @@ class Verdict:
         return self.fine if self.ok else "; ".join(self.waiting + self.problems)
 
 
-def assess(published: Published, roles: RoleView | None, now: float, *, unasked: str = "") -> Verdict:
+def assess(
+    published: Published, roles: RoleView | None, now: float, *, unasked: str = "", refused: tuple[str, ...] = ()
+) -> Verdict:
     """The one health rule, for /healthz and `colad status` alike; `roles` None: not under supervisord.
 
     Unhealthy: a resource not registered, without a live stream or with a cut list; a role not doing
@@ -138,6 +140,8 @@ def assess(published: Published, roles: RoleView | None, now: float, *, unasked:
     way (starting, or registering without an error yet, or registered with the kubelet's stream not
     yet dialled back) is waiting, as is everything while supervisord says the plugin itself is STARTING.
     `unasked` says why `colad status` cannot ask the plugin now: then it cannot say healthy, nor may this.
+    `refused` names device directories the trust rule refuses now (a directory refused from the
+    start has no device to carry the reason): each is a problem.
     """
     problems: list[str] = []
     waiting: list[str] = []
@@ -165,6 +169,7 @@ def assess(published: Published, roles: RoleView | None, now: float, *, unasked:
         problems.append(published.state_file_problem)
     if unasked:
         problems.append(unasked)
+    problems.extend(refused)
     if state.reload is not None and not state.reload.ok:
         problems.append(f"last reload refused, the running config stays: {state.reload.reason}")
     parts = [f"{r.name}, {r.devices} devices" for r in state.resources]

@@ -20,7 +20,7 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from colad import inuse, pathtrust, procid, statefile, status_socket
+from colad import inuse, procid, statefile, status_socket
 from colad.config import Config
 from colad.plugin_health import STARTING, RoleView, role_view
 from colad.statefile import StateFileError, StateFileMissing
@@ -130,17 +130,8 @@ def restarts(proxy: Any) -> tuple[list[dict[str, Any]], str]:
 
 def collect(cfg: Config) -> dict[str, Any]:
     report = _collect_processes(cfg)
-    if report["running"]:
-        report["problems"].extend(untrusted_directories(cfg))
     report["in_use"] = read_in_use(cfg) if report["running"] else _in_use_unavailable("colad is not running")
     return report
-
-
-def untrusted_directories(cfg: Config) -> list[str]:
-    """Each device directory discovery refuses as untrusted (trust.py), looked at now: a directory
-    refused since the start has no device whose reason the state file could carry."""
-    found = ((r.name, pathtrust.directory_problem(r.device_dir, cfg.trusted_uids)) for r in cfg.resources)
-    return [f"{name}: {why}" for name, why in found if why is not None]
 
 
 def _in_use_unavailable(reason: str) -> dict[str, Any]:

@@ -227,7 +227,8 @@ def test_status_asks_the_plugin_when_the_metrics_endpoint_is_disabled(short_tmp:
 def _fault_steps(rng: random.Random, length: int = 9) -> list[str]:
     """A seeded walk over the faults that applies each at least once; every fault is undone by its end."""
     undo = {"kubelet_away": "kubelet_back", "run_dir_full": "run_dir_freed", "discovery_stopped": "discovery_cont",
-            "plugin_stopped": "plugin_cont", "kubelet_watch_stopped": "kubelet_watch_cont"}  # fmt: skip
+            "plugin_stopped": "plugin_cont", "kubelet_watch_stopped": "kubelet_watch_cont",
+            "device_dir_untrusted": "device_dir_trusted"}  # fmt: skip
     steps: list[str] = []
     active: set[str] = set()
     while len(steps) < length or not {*undo, "discovery_killed"} <= set(steps):
@@ -268,6 +269,10 @@ def test_status_and_healthz_agree_across_a_sequence_of_faults(service: ColadServ
                 fill(service.run_dir)
             case "run_dir_freed":
                 free(service.run_dir)
+            case "device_dir_untrusted":
+                service.device_dir.chmod(0o777)  # others may write: trust.py refuses the directory
+            case "device_dir_trusted":
+                service.device_dir.chmod(0o755)
             case "discovery_killed":
                 old = service.kill("discovery")
                 service.wait_running(exclude_pids={"discovery": old})
