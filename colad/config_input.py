@@ -13,6 +13,7 @@ import re
 import shlex
 import stat
 
+from colad import trust
 from colad.config_checks import bare_dots, show_path, text_problem
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
@@ -83,8 +84,12 @@ def read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str,
         return {}, path
     try:
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            found = os.fstat(handle.fileno())
+            if not stat.S_ISREG(found.st_mode):
                 problems.append(f"config file {where}: not a regular file")
+                return {}, path
+            if untrusted := trust.config_file_problem(found.st_mode, found.st_uid, os.geteuid()):
+                problems.append(f"config file {where}: {untrusted}")
                 return {}, path
             raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
         if len(raw) > MAX_CONFIG_FILE_BYTES:

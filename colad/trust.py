@@ -47,6 +47,18 @@ def file_problem(path: str, mode: int, uid: int, trusted: frozenset[int]) -> str
     return None if why is None else f"{UNTRUSTED}{path} is {why}"
 
 
+def config_file_problem(mode: int, uid: int, own_uid: int) -> str | None:
+    """Why the config file (its mode and owner) is not trusted, or None.
+
+    It names the commands colad runs and the owners `trusted_owners` lets in, so no config file can
+    vouch for its own writer: it must be root's (or the user colad runs as) and writable by neither
+    its group nor others, as sudoers must be.
+    """
+    if uid not in (ROOT_UID, own_uid):
+        return f"{UNTRUSTED}owned by uid {uid}, not root"
+    return f"{UNTRUSTED}{_writers(mode)}" if mode & _WRITABLE else None
+
+
 def directory_problem(path: str, mode: int, uid: int, trusted: frozenset[int], *, device_dir: bool) -> str | None:
     """Why the directory `path` is not trusted, or None.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -673,3 +674,31 @@ def test_reload_plan_defers_restart_only_keys() -> None:
     assert (applied.run_dir, applied.metrics_address) == ("/r", running.metrics_address)
     assert (applied.log_level, applied.replicas) == ("DEBUG", 2)
     assert config.reload_plan(running, running) == (running, ())
+
+
+# --- the config file's own trust ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@pytest.mark.parametrize(
+    ("uid", "mode", "why"),
+    [
+        pytest.param(65534, 0o644, "untrusted: owned by uid 65534, not root", id="other-owner"),
+        pytest.param(0, 0o664, "untrusted: writable by group (mode 0664)", id="group-writable"),
+        pytest.param(0, 0o646, "untrusted: writable by others (mode 0646)", id="others-writable"),
+    ],
+)
+def test_a_config_file_someone_else_can_write_is_refused(tmp_path: Path, uid: int, mode: int, why: str) -> None:
+    # It names the commands colad runs as root and the owners trusted_owners lets in: it cannot vouch
+    # for its own writer, whatever trusted_owners says.
+    path = write_toml(tmp_path / "colad.toml", {"trusted_owners": ["65534"], "probe": "/bin/true"})
+    os.chown(path, uid, -1)
+    path.chmod(mode)
+    message = load_error({}, {"COLAD_CONFIG": str(path)})
+    assert message == f"invalid configuration: config file {path}: {why}", message
+
+
+def test_a_config_file_of_root_readable_by_all_loads(tmp_path: Path) -> None:
+    path = write_toml(tmp_path / "colad.toml", {"log_level": "DEBUG"})
+    path.chmod(0o644)
+    assert load({}, {"COLAD_CONFIG": str(path)}).log_level == "DEBUG"
