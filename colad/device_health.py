@@ -56,9 +56,16 @@ class DeviceHealth:
     change costs only the devices it touches. `notes` are the reason changes to log and count.
     """
 
-    def __init__(self, resource: Resource, check_paths: bool, runner: ProbeRunner | None) -> None:
+    def __init__(
+        self,
+        resource: Resource,
+        check_paths: bool,
+        runner: ProbeRunner | None,
+        trusted: frozenset[int] = trust.ROOT_ONLY,
+    ) -> None:
         self.resource = resource
         self.check_paths = check_paths
+        self.trusted = trusted
         self.runner = runner
         self.reasons: dict[str, str] = {}
         self.dirs: dict[str, frozenset[str]] = {}  # device ID -> the directories its host paths need watched
@@ -83,8 +90,9 @@ class DeviceHealth:
         """`raw` as the kubelet should see it now."""
         device_id, device, reason = raw.device_id, raw, ""
         dirs: frozenset[str] = frozenset()
-        if self.check_paths and (raw.device_nodes or raw.mounts):
-            checked = hostpaths.check(devices.DeviceSet((raw,)))
+        if raw.device_nodes or raw.mounts:  # trusted always; present only with host_path_check
+            only_trust = None if self.check_paths else functools.partial(hostpaths.trust_path, trusted=self.trusted)
+            checked = hostpaths.check(devices.DeviceSet((raw,)), only_trust, self.trusted)
             device, dirs = checked.devices.devices[0], checked.watch_dirs
             reason = checked.reasons[0][1] if checked.reasons else ""
         if dirs != self.dirs.get(device_id, frozenset()):
@@ -231,6 +239,8 @@ class HealthOutputs:
                     self.stats.count("health.probe" if reason.startswith("probe ") else "health.host_path")
                     if f": not run: {trust.UNTRUSTED}" in reason:  # a probe program someone untrusted can write
                         self.stats.count("input.untrusted_program")
+                    elif reason.startswith(hostpaths.HOST_PATH_KEYS) and f" {trust.UNTRUSTED}" in reason:
+                        self.stats.count("input.untrusted_host_path")  # a way to it someone untrusted can redirect
                 elif not reason and device_id in rw.shown and PENDING not in before:
                     LOG.info("device healthy again", resource=rw.resource.name, device=device_id, was=before)
                     self.stats.count("health.recovered")

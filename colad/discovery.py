@@ -75,7 +75,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.trim_due = False  # this turn read TRIM_AFTER_NAMES names or more: trimmed after its outputs
 
     def _watch(self, resource: Resource) -> ResourceWatch:
-        health = DeviceHealth(resource, self.cfg.host_path_check, self.runner)
+        health = DeviceHealth(resource, self.cfg.host_path_check, self.runner, self.cfg.trusted_uids)
         return ResourceWatch(self.inotify, resource, health, self.cfg.trusted_uids)
 
     @property

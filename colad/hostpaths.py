@@ -5,21 +5,30 @@ apply() is the pure rule: given the device set discovery built and what each hos
 the reason beside it; optional entries whose path is missing left out) and the directories to
 watch. check() and stat_path() are the thin shell (one stat per distinct path). The kubelet never
 sees a device it would admit a pod to and then fail with CreateContainerError.
+
+The same check owns the trust of each host path (trust.host_path_problem): a path whose way
+a user outside trusted_owners could redirect (a directory on it they can write, a link they
+own in a sticky one) makes its device Unhealthy and is left out of the device, so neither
+Allocate nor the CDI spec ever hands it out.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from colad import pathtrust, trust
 from colad.constants import UNHEALTHY
 from colad.devices import Device, DeviceNode, DeviceSet, Mount
 
 # inotify watches are a per-user kernel budget (fs.inotify.max_user_watches, and colad already
 # watches its own directories): past this many directories, the periodic rescan alone notices.
 MAX_WATCH_DIRS = 256
+# How each host path's reason starts (HostPath.key).
+HOST_PATH_KEYS = ("device_nodes[", "mounts[")
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class PathState:
     error: str = ""
     device: bool = False  # a character or block device node
     directory: bool = True  # False: it exists but holds no entries (a path under it cannot exist)
+    untrusted: str = ""  # trust.host_path_problem: why a user outside trusted_owners could redirect it
 
     @property
     def exists(self) -> bool:
@@ -83,7 +93,9 @@ def host_paths(device: Device) -> tuple[HostPath, ...]:
 
 
 def path_problem(host_path: HostPath, state: PathState) -> str | None:
-    """Why `host_path` in `state` keeps a container from starting, or None."""
+    """Why `host_path` in `state` keeps a container from starting or may not be handed out, or None."""
+    if state.untrusted:
+        return f"{host_path.key} {host_path.path!r} {state.untrusted}"
     if not state.exists:
         return f"{host_path.key} {host_path.path!r} {state.error}"
     if host_path.node and not state.device:
@@ -99,8 +111,10 @@ def paths(devices: Iterable[Device]) -> frozenset[str]:
 def apply(devices: DeviceSet, states: Mapping[str, PathState]) -> HostCheck:
     """Mark devices with a missing required path Unhealthy and drop missing optional entries.
 
-    A path absent from `states` counts as missing. A malformed device (problem set) carries no
-    paths and passes unchanged. A declared-Unhealthy device stays so, with the reason recorded.
+    An untrusted path (required or optional) is dropped and makes its device Unhealthy; its
+    reason comes first. A path absent from `states` counts as missing. A malformed device
+    (problem set) carries no paths and passes unchanged. A declared-Unhealthy device stays so,
+    with the reason recorded.
     """
     out: list[Device] = []
     reasons: list[tuple[str, str]] = []
@@ -111,9 +125,12 @@ def apply(devices: DeviceSet, states: Mapping[str, PathState]) -> HostCheck:
             problem = path_problem(host_path, states.get(host_path.path, MISSING))
             if problem is None:
                 continue
-            if host_path.optional:
+            untrusted = bool(states.get(host_path.path, MISSING).untrusted)
+            if host_path.optional or untrusted:
                 drop.add(host_path.key)
-            else:
+            if untrusted:
+                problems.insert(sum(trust.UNTRUSTED in p for p in problems), problem)
+            elif not host_path.optional:
                 problems.append(problem)
         if drop:
             device = replace(
@@ -151,8 +168,12 @@ def watch_dirs(host_paths_: Iterable[str], states: Mapping[str, PathState]) -> f
 # --- the thin shell ---------------------------------------------------------------------------
 
 
-def stat_path(path: str) -> PathState:
-    """What `path` is on this host; follows symlinks, as the runtime does (/dev/disk/by-id/...)."""
+def stat_path(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> PathState:
+    """What `path` is on this host; follows symlinks, as the runtime does (/dev/disk/by-id/...),
+    and whether the way to it is trusted (pathtrust.host_path_problem)."""
+    untrusted = pathtrust.host_path_problem(path, trusted)
+    if untrusted is not None:
+        return PathState(untrusted=untrusted)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -164,9 +185,19 @@ def stat_path(path: str) -> PathState:
     return PathState(device=stat.S_ISCHR(mode) or stat.S_ISBLK(mode), directory=stat.S_ISDIR(mode))
 
 
-def check(devices: DeviceSet, stat_fn: Callable[[str], PathState] = stat_path) -> HostCheck:
+def trust_path(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> PathState:
+    """stat_path's trust verdict alone (host_path_check off: a missing path is not looked for)."""
+    untrusted = pathtrust.host_path_problem(path, trusted)
+    return PathState(device=True) if untrusted is None else PathState(untrusted=untrusted)
+
+
+def check(
+    devices: DeviceSet, stat_fn: Callable[[str], PathState] | None = None, trusted: frozenset[int] = trust.ROOT_ONLY
+) -> HostCheck:
     """apply() with every host path and the ancestors of missing ones stat'ed once, up to the nearest
-    existing directory (a regular file in the way is no place for a watch)."""
+    existing directory (a regular file in the way is no place for a watch). `trusted`: the owners
+    stat_path trusts (the default `stat_fn`)."""
+    stat_fn = stat_fn or functools.partial(stat_path, trusted=trusted)
     states: dict[str, PathState] = {}
     for path in sorted(paths(devices)):
         states[path] = stat_fn(path)

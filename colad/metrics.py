@@ -34,8 +34,9 @@ PRE_START_RESULTS = ("success", "failed", "timeout", "not_found", "busy")
 # Allocate answers that named devices in the classic form because colad's CDI spec on disk did not list
 # them (cdi.SpecReader's reasons).
 CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_listed")
-# The plugin's own: kubelet or run directory entries left alone; prepare programs not run (trust.py).
-PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program")
+# The plugin's own: kubelet or run directory entries left alone; prepare programs not run, host paths
+# not handed out (trust.py).
+PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program", "untrusted_host_path")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 # Connections to the metrics endpoint closed unserved (httpserver.py says when each applies).
 HTTP_REFUSAL_REASONS = ("evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed")

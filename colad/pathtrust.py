@@ -17,15 +17,19 @@ from colad import trust
 # The kernel follows at most 40 symbolic links in one path lookup (fs/namei.c MAXSYMLINKS).
 MAX_SYMLINKS = 40
 Owned = tuple[str, int, int]  # (path, st_mode, st_uid)
+Entry = tuple[str, int, int]  # (path, st_uid, st_mode of the directory holding it)
 
 
-def lookup(path: str) -> tuple[list[Owned], Owned]:
+def lookup(path: str, entries: list[Entry] | None = None) -> tuple[list[Owned], Owned]:
     """(every directory a name is looked up in on the way to `path`, from / down; what `path` names).
 
     Whoever can write one of those directories can change what `path` names. Symbolic links
     are followed, the last one too, as exec() and opendir() do, so the directory holding each
     link counts. Relative components are taken from /. Raises OSError (FileNotFoundError: a
-    part is missing, NotADirectoryError: a part on the way is no directory, ELOOP).
+    part is missing, NotADirectoryError: a part on the way is no directory, ELOOP). `entries`,
+    if given, gets each name reached (every link, directory and the object named) with its owner
+    and the mode of the directory it was looked up in: whoever owns an entry of a sticky
+    directory can rename or remove it.
     """
     root = os.lstat("/")
     seen: dict[str, tuple[int, int]] = {"/": (root.st_mode, root.st_uid)}  # every real path reached
@@ -43,6 +47,8 @@ def lookup(path: str) -> tuple[list[Owned], Owned]:
         looked_in[current] = None
         candidate = os.path.join(current, name)
         st = os.lstat(candidate)
+        if entries is not None:
+            entries.append((candidate, st.st_uid, seen[current][0]))
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > MAX_SYMLINKS:
@@ -88,3 +94,17 @@ def program_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str
     except OSError:
         return None
     return trust.program_problem(dirs, program, trusted)
+
+
+def host_path_problem(path: str, trusted: frozenset[int] = trust.ROOT_ONLY) -> str | None:
+    """Why the host path `path` (a device node or mount a device file names) is not trusted, or None.
+
+    None too when it cannot be looked at (missing, ELOOP, EACCES): hostpaths.py says why.
+    What it names is not judged (mounting /etc is the operator's choice); the way to it is.
+    """
+    entries: list[Entry] = []
+    try:
+        dirs, _named = lookup(path, entries)
+    except OSError:
+        return None
+    return trust.host_path_problem(dirs, entries, trusted)

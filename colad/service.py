@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from colad import allocation, cdi, constants, log, rpc, trust
+from colad import allocation, cdi, constants, log, pathtrust, rpc, trust
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.broadcast import DeviceBroadcast
 from colad.device_list import encoded_list, fit_list, to_response
-from colad.devices import request_id_problem
+from colad.devices import DeviceSet, request_id_problem
 from colad.errors import AllocationError, RequestError
 from colad.metrics import Metrics
 from colad.names import DEFAULT_RESOURCE_NAME
@@ -213,6 +213,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     self.cdi_specs.read(self.cdi_spec_dir(), self.resource) if mode in allocation.CDI_NAMING else None
                 )
                 names = None if listed is None else listed.names
+                for ids in containers:
+                    self._recheck_host_paths(devices, ids)
                 answers = [
                     allocation.answer(
                         devices,
@@ -248,6 +250,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             return response
         finally:
             self.metrics.allocate_duration.observe(time.perf_counter() - started)
+
+    def _recheck_host_paths(self, devices: DeviceSet, ids: Iterable[str]) -> None:
+        """Refuse the request if the way to a host path of a requested device became untrusted since
+        discovery judged it (hostpaths.py): a swap its watches have not reported yet. One lookup per
+        path (lstat of each component, measured in docs/DEVICES.md); the CDI spec names the same paths."""
+        for device_id in ids:
+            device = devices.get(device_id)
+            if device is None:
+                continue  # allocation.answer says so
+            for host_path in [n.host_path for n in device.device_nodes] + [m.host_path for m in device.mounts]:
+                problem = pathtrust.host_path_problem(host_path, self.trusted())
+                if problem is not None:
+                    self.metrics.input_rejected["untrusted_host_path"] += 1
+                    raise AllocationError(f"device {device_id!r}: host path {host_path!r} {problem}")
 
     def _note_cdi(self, listed: cdi.Listed, results: list[allocation.ContainerAllocation], check: bool) -> None:
         """Count each answer that fell back to the classic form; one line per change of reason, one when it ends."""

@@ -4,7 +4,7 @@ A device file names commands colad runs as root (`probe`, `prepare`) and host pa
 containers (`mounts`, `device_nodes`), so only what nobody but a trusted owner can write is
 honoured, as sudoers, cron and sshd's StrictModes do. Pure: it takes each path's mode and owner
 (devicedir.py and pathtrust.py gather them) and returns why it is not trusted, or None. The
-same rule covers the programs a probe or prepare runs.
+same rule covers the programs a probe or prepare runs and the way to each host path.
 """
 
 from __future__ import annotations
@@ -105,3 +105,25 @@ def program_problem(
             return why
     path, mode, uid = program
     return file_problem(path, mode, uid, trusted)
+
+
+def host_path_problem(
+    dirs: Iterable[tuple[str, int, int]], entries: Iterable[tuple[str, int, int]], trusted: frozenset[int]
+) -> str | None:
+    """Why the way to a host path colad hands to containers is not trusted, or None.
+
+    `dirs` are (path, mode, uid) of every directory a name is looked up in on the way, symbolic
+    links followed (pathtrust.lookup), each judged as an ancestor: whoever can write one can make
+    the path name something else. `entries` are (path, uid, mode of the directory holding it) of
+    every name reached: in a directory others or the group can write (sticky, or it is refused
+    above) an entry's owner can rename or remove it, so it must be trusted too. What the path
+    names is not judged otherwise: its owner cannot redirect it.
+    """
+    for path, mode, uid in dirs:
+        why = directory_problem(path, mode, uid, trusted, device_dir=False)
+        if why is not None:
+            return why
+    for path, uid, holder_mode in entries:
+        if holder_mode & _WRITABLE and uid not in trusted:
+            return f"{UNTRUSTED}{path} is {_owner(uid, trusted)}, in a directory others can write"
+    return None

@@ -180,3 +180,38 @@ def test_a_path_under_a_regular_file_is_watched_in_the_directory_above(tmp_path:
     assert result.watch_dirs == {str(tmp_path)}
     states = {"/a/f/x": hostpaths.MISSING, "/a/f": hostpaths.PathState(directory=False)}
     assert hostpaths.watch_dirs(["/a/f/x", "/a/f/y"], states) == {"/a"}
+
+
+UNTRUSTED_WAY = PathState(untrusted="untrusted: directory /opt is writable by group and others (mode 0777)")
+
+
+@pytest.mark.parametrize("optional", [False, True])
+def test_an_untrusted_host_path_is_left_out_and_its_device_unhealthy_reason_first(optional: bool) -> None:
+    mount = OptionalMount("/opt/cola", "/opt/cola") if optional else Mount("/opt/cola", "/opt/cola")
+    device = Device("cola1", device_nodes=(DeviceNode("/dev/cola1", "/dev/cola1"),), mounts=(mount,))
+    result = hostpaths.apply(DeviceSet.of([device]), {"/opt/cola": UNTRUSTED_WAY})  # the node missing too
+    (out,) = result.devices
+    assert out.health == UNHEALTHY
+    assert out.mounts == () and out.device_nodes == device.device_nodes
+    assert result.by_id["cola1"] == (
+        "mounts[0].host_path '/opt/cola' untrusted: directory /opt is writable by group and others (mode 0777)"
+        " (and 1 more)"
+    )
+    assert "/opt" in result.watch_dirs  # watched: a repair is seen
+
+
+def test_check_judges_the_way_on_a_real_tree(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    (open_dir / "data").symlink_to("/etc")
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    (closed / "data").symlink_to("/etc")
+    device = Device("cola1", mounts=(Mount(str(open_dir / "data"), "/a"), Mount(str(closed / "data"), "/b")))
+    result = hostpaths.check(DeviceSet.of([device]))
+    (out,) = result.devices
+    assert [m.host_path for m in out.mounts] == [str(closed / "data")]
+    assert result.by_id["cola1"].startswith(f"mounts[0].host_path '{open_dir}/data' untrusted: directory {open_dir}")
+    assert hostpaths.trust_path(str(closed / "data")) == PathState(device=True)
+    assert hostpaths.trust_path(str(open_dir / "data")).untrusted

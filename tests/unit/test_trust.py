@@ -12,6 +12,7 @@ from colad.trust import (
     chain_problem,
     directory_problem,
     file_problem,
+    host_path_problem,
     program_problem,
     trusted_uids,
 )
@@ -118,3 +119,47 @@ def test_a_program_run_as_root_is_judged_as_a_device_file_in_its_directories(
     )
     assert (judged is None) == (why is None), judged
     assert judged is None or judged.startswith(f"{UNTRUSTED}{why}")
+
+
+STICKY_OPEN = 0o1777
+
+
+@pytest.mark.parametrize(
+    ("dirs", "entries", "why"),
+    [
+        ([("/", 0o755, ROOT), ("/srv", 0o755, ROOT)], [("/srv/data", NOBODY, 0o755)], None),  # its own content
+        ([("/", 0o755, ROOT), ("/tmp", STICKY_OPEN, ROOT)], [("/tmp/data", ROOT, STICKY_OPEN)], None),
+        ([("/", 0o755, ROOT), ("/srv", 0o755, DELEGATE)], [("/srv/link", DELEGATE, 0o755)], None),
+        ([("/", 0o755, ROOT), ("/srv", 0o755, ROOT)], [("/srv/link", NOBODY, 0o755)], None),  # a link is immutable
+        ([("/", 0o755, ROOT), ("/srv", 0o777, ROOT)], [], "directory /srv is writable by group and others"),
+        ([("/", 0o755, ROOT), ("/srv", 0o775, ROOT)], [], "directory /srv is writable by group"),
+        ([("/", 0o755, ROOT), ("/home/u", 0o755, NOBODY)], [], "directory /home/u is owned by uid 65534"),
+        (
+            [("/", 0o755, ROOT), ("/tmp", STICKY_OPEN, ROOT)],
+            [("/tmp/link", NOBODY, STICKY_OPEN)],
+            "/tmp/link is owned by uid 65534, which is neither root nor in trusted_owners, in a directory",
+        ),
+        (
+            [("/", 0o755, ROOT), ("/tmp", STICKY_OPEN, ROOT)],
+            [("/tmp/data", NOBODY, STICKY_OPEN)],
+            "/tmp/data is owned by uid 65534",
+        ),
+    ],
+    ids=[
+        "own-content",
+        "root-entry-in-tmp",
+        "delegate",
+        "link-in-closed-dir",
+        "open",
+        "group",
+        "user-dir",
+        "user-link-in-tmp",
+        "user-entry-in-tmp",
+    ],  # fmt: skip
+)
+def test_the_way_to_a_host_path_is_judged_but_not_what_it_names(
+    dirs: list[tuple[str, int, int]], entries: list[tuple[str, int, int]], why: str | None
+) -> None:
+    judged = host_path_problem([(p, DIR | m, u) for p, m, u in dirs], [(p, u, DIR | m) for p, u, m in entries], TRUSTED)
+    assert (judged is None) == (why is None), judged
+    assert judged is None or judged.startswith(f"{UNTRUSTED}{why}"), judged
