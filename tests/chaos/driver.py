@@ -90,7 +90,6 @@ class Chaos:
         self.health: dict[str, set[str]] = {}  # devices whose health a fault sets (default: Healthy)
         self.shutdown_guard: list[str] = []
         self.counter = 0
-        self.inotify_recoveries = 0  # "inotify available again" lines so far (two a fault: both watcher roles)
         self.faults: dict[str, Callable[[], None]] = {
             "kubelet_restart": self.kubelet_restart,
             "kubelet_restart_burst": self.kubelet_restart_burst,
@@ -310,6 +309,7 @@ class Chaos:
         """The uid's inotify instances or watches used up (by other root daemons): the watcher roles,
         started again now, get none and poll; once the limits are restored they watch again."""
         kind = self.rng.choice(["instances", "watches"])
+        recovered_before = len(self.colad.log_lines("inotify available again"))
         self.limits.set(**{kind: 0})
         try:
             old = {role: self.colad.kill(role) for role in ("discovery", "kubelet-watch")}
@@ -318,8 +318,8 @@ class Chaos:
             self.wait_invariant(f"inotify_limits ({kind} used up)")
         finally:
             self.limits.lift()
-        self.colad.wait_log("inotify available again", timeout=self.deadline, count=self.inotify_recoveries + 2)
-        self.inotify_recoveries += 2
+        # Both watcher roles, each once; counted from this fault's start, as the other faults count.
+        self.colad.wait_log("inotify available again", timeout=self.deadline, count=recovered_before + 2)
         self.change_devices()
 
     # ---- faults: the local queue ----

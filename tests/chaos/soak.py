@@ -59,6 +59,10 @@ def fuzz(seconds: int) -> dict[str, int]:
         done = [line for line in run.stderr.splitlines() if "DONE" in line or line.startswith("Done ")]
         if run.returncode and not done:  # say why (no atheris: `make soak` installs it)
             done = run.stderr.strip().splitlines()[-1:]
+        if run.returncode:  # the whole report, for the crash's input and stack
+            report = Path(tempfile.gettempdir()) / f"colad-fuzz-{name}.log"
+            report.write_text(run.stderr)
+            done.append(f"report: {report}")
         print(f"fuzz target={name} rc={run.returncode} {' | '.join(done[-2:])}")
         results[name] = run.returncode
     return results
