@@ -192,6 +192,22 @@ class Config:
     def status_socket(self) -> str:
         return os.path.join(self.run_dir, constants.STATUS_SOCKET_NAME)
 
+    @property
+    def inuse_state_file(self) -> str:
+        return os.path.join(self.run_dir, constants.INUSE_STATE_NAME)
+
+    @property
+    def socket_record_file(self) -> str:
+        return os.path.join(self.run_dir, constants.SOCKET_RECORD_NAME)
+
+    @property
+    def supervisor_conf_file(self) -> str:
+        return os.path.join(self.run_dir, constants.SUPERVISOR_CONF_NAME)
+
+    @property
+    def supervisor_pid_file(self) -> str:
+        return os.path.join(self.run_dir, constants.SUPERVISOR_PID_NAME)
+
     def environment(self, *, pinned_only: bool = False) -> dict[str, str]:
         """This config as COLAD_* variables: a child that loads them gets the same Config.
 

@@ -43,6 +43,9 @@ SUPERVISOR_CONF_NAME: Final = "supervisord.conf"
 # every state-file rename there would wake them on the path of a device change.
 PLUGIN_STATE_NAME: Final = "state/plugin.json"
 STATUS_SOCKET_NAME: Final = "state/status.sock"  # the plugin answers `colad status` here (status_socket.py)
+INUSE_STATE_NAME: Final = "state/inuse.json"  # kubelet-watch's in-use view for `colad status` (podresources.py)
+SOCKET_RECORD_NAME: Final = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
+SUPERVISOR_PID_NAME: Final = "supervisord.pid"  # as conf/supervisord.conf's pidfile names it
 COLA_DEVICES_ENV: Final = "COLA_DEVICES"
 
 # kubernetes/kubelet pkg/apis/podresources: the kubelet's PodResources socket (pod-resources/kubelet.sock).

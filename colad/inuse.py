@@ -14,9 +14,6 @@ from typing import Any
 
 from colad.devices import base_id
 
-# Under run_dir, beside the plugin's state file (see constants.PLUGIN_STATE_NAME for why in state/).
-STATE_NAME = "state/inuse.json"
-
 # (namespace, pod, container, resource_name, device_ids) for one ContainerDevices entry of List.
 Assignment = tuple[str, str, str, str, Sequence[str]]
 # (resource_name, physical device_id)

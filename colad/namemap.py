@@ -4,7 +4,9 @@ check that no two configured names derive the same thing.
 A resource name becomes a CDI kind, a CDI spec file and NFD label keys; a device ID a CDI device
 name and a container variable. Some of these replace characters ('/' -> '-') or drop a part (the
 domain under an NFD label prefix), so two names can meet: `collisions` (config.load, every role
-and every reload) walks MAPPINGS and refuses such a configuration. Pure: no I/O, no logging.
+and every reload) walks MAPPINGS and refuses such a configuration; the same check compares every
+path colad writes (OUTPUTS and the spec files), resolved through colad.dirpath, and keeps them out
+of device directories. No logging.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from colad import dirpath
 from colad.device_rules import CDI_CLASS, CDI_VENDOR
 from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
@@ -103,7 +106,7 @@ class Mapping:
 def _spec_path(cfg: Config, resource_name: str) -> tuple[str, ...]:
     if cdi_kind_problem(resource_name) is not None:
         return ()  # no kind, no spec
-    return (os.path.join(os.path.normpath(cfg.cdi_spec_dir), cdi_spec_file(resource_name)),)
+    return (os.path.join(cfg.cdi_spec_dir, cdi_spec_file(resource_name)),)
 
 
 def _spec_name_problem(path: str) -> str | None:
@@ -144,33 +147,72 @@ MAPPINGS: tuple[Mapping, ...] = (
         ("nfd_features_file", "nfd_label_prefix"),
     ),
 )
-# The files colad writes whose path a config key names outright: a derived path must not be one of them.
-FIXED_PATHS: tuple[tuple[str, Callable[[Config], str]], ...] = (
-    ("nfd_features_file", lambda cfg: cfg.nfd_features_file),
-    ("the plugin state file", lambda cfg: cfg.plugin_state_file),
-    ("the queue socket", lambda cfg: cfg.queue_socket),
-    ("supervisord's socket", lambda cfg: cfg.supervisor_socket),
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file, socket or directory colad writes at a path it takes from the config, not from a name.
+
+    `path` reads the one definition of that path (a Config property, or a key itself); `keys` are
+    the config keys it reads (not checked when one was refused); a directory may be shared with
+    another directory (files and sockets never), and none of them may be or lie in a device directory.
+    """
+
+    who: str  # in words, the key first: "run_dir (the queue socket)"
+    path: Callable[[Config], str]
+    keys: tuple[str, ...]
+    directory: bool = False
+    applies: Callable[[Config], bool] = lambda cfg: True
+
+
+# Every path colad writes that does not derive from a resource name (those are MAPPINGS' "path" space).
+# tests/unit/test_namemap.py fails when a Config path property or a join onto one of these
+# directories is not here.
+OUTPUTS: tuple[Output, ...] = (
+    Output("nfd_features_file", lambda cfg: cfg.nfd_features_file, ("nfd_features_file",)),
+    Output("run_dir", lambda cfg: cfg.run_dir, ("run_dir",), directory=True),
+    Output("run_dir (the state directory)", lambda cfg: os.path.dirname(cfg.plugin_state_file), ("run_dir",), True),
+    Output("run_dir (the queue socket)", lambda cfg: cfg.queue_socket, ("run_dir",)),
+    Output("run_dir (supervisord's socket)", lambda cfg: cfg.supervisor_socket, ("run_dir",)),
+    Output("run_dir (supervisord's config)", lambda cfg: cfg.supervisor_conf_file, ("run_dir",)),
+    Output("run_dir (supervisord's pid file)", lambda cfg: cfg.supervisor_pid_file, ("run_dir",)),
+    Output("run_dir (the plugin state file)", lambda cfg: cfg.plugin_state_file, ("run_dir",)),
+    Output("run_dir (the status socket)", lambda cfg: cfg.status_socket, ("run_dir",)),
+    Output("run_dir (the in-use state file)", lambda cfg: cfg.inuse_state_file, ("run_dir",)),
+    Output("run_dir (the plugin socket record)", lambda cfg: cfg.socket_record_file, ("run_dir",)),
+    Output("kubelet_dir (the plugin sockets)", lambda cfg: cfg.kubelet_dir, ("kubelet_dir",), directory=True),
+    Output("cdi_spec_dir", lambda cfg: cfg.cdi_spec_dir, ("cdi", "cdi_spec_dir"), True, lambda cfg: _cdi_on(cfg)),
 )
-# How values of a space are compared. A spec directory may fold case (ext4 casefold, vfat, a
-# container runtime's on another file system): "a.com/GPU" and "a.com/gpu" would be one spec file there.
-_SAME: dict[str, Callable[[str], str]] = {"path": str.casefold}
+# Paths are compared where they lead now, and a CDI spec file also case-folded: a spec directory may fold
+# case (ext4 casefold, vfat, a container runtime's on another file system): "a.com/GPU" and "a.com/gpu"
+# would be one spec file there.
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their
 # replica IDs; tests/unit/test_namemap.py proves it). IDs come from files at run time, so they are
 # checked by construction, not at load.
 DEVICE_ID_MAPPINGS: tuple[Callable[..., str], ...] = (cdi_device_name, cdi_marker_name)
 
 
+def _where(path: str, directory: bool) -> str:
+    """Where `path` leads now (dirpath's rule): a directory resolved whole, a file by its parent."""
+    if directory:
+        return dirpath.resolve(path)
+    head, name = dirpath.entry(path)
+    return os.path.join(head, name)
+
+
 def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
-    """Problem texts for every two owners (configured resources, or a fixed file) that one mapping, or
-    two of one space, would send to the same value, and for every derived value that cannot be used.
-    `refused`: config keys whose value was refused (mappings that read them are left out)."""
+    """Problem texts for every two owners (configured resources, colad's own outputs) that one mapping,
+    or two of one space, would send to the same value; for every derived value that cannot be used;
+    and for every output of colad that is, or lies in, a device directory. Paths are compared where
+    they lead now (colad.dirpath), a CDI spec file's case-folded too.
+    `refused`: config keys whose value was refused (entries that read them are left out)."""
     owners: dict[tuple[str, str], tuple[str, str]] = {}  # (space, value compared) -> (who, value), in words
     problems: list[str] = []
-    if "nfd_features_file" not in refused and "run_dir" not in refused:
-        for who, path_of in FIXED_PATHS:
-            if path := path_of(cfg):
-                path = os.path.normpath(path)
-                owners.setdefault(("path", _SAME["path"](path)), (who, path))
+    # Paths: (who, where it leads, as configured, directory?, a CDI spec file?)
+    paths: list[tuple[str, str, str, bool, bool]] = []
+    for out in OUTPUTS:
+        if not set(out.keys) & set(refused) and out.applies(cfg) and (path := out.path(cfg)):
+            paths.append((out.who, _where(path, out.directory), path, out.directory, False))
     for mapping in MAPPINGS:
         if set(mapping.keys) & set(refused) or not mapping.applies(cfg):
             continue
@@ -180,9 +222,60 @@ def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
                 if mapping.problem is not None and (why := mapping.problem(value)) is not None:
                     problems.append(f"{who}: its {mapping.thing} {value!r} {why}")
                     continue
-                held, seen = owners.setdefault((mapping.space, _SAME.get(mapping.space, str)(value)), (who, value))
+                if mapping.space == "path":
+                    paths.append((who, _where(value, False), value, False, True))
+                    continue
+                held, seen = owners.setdefault((mapping.space, value), (who, value))
                 if held != who:
-                    folded = "" if seen == value else f" ({seen!r} where case is folded)"
-                    problems.append(f"{held} and {who} both map to the {mapping.thing} {value!r}{folded}")
+                    problems.append(f"{held} and {who} both map to the {mapping.thing} {value!r}")
                     break  # one line per pair and mapping
+    problems.extend(_path_clashes(paths))
+    if not {"device_dir", "resources", "resource_name"} & set(refused):
+        problems.extend(_in_device_dirs(cfg, paths))
+    return problems
+
+
+def _path_clashes(paths: list[tuple[str, str, str, bool, bool]]) -> list[str]:
+    """Every pair of paths that lead to one file (two directories may be one), one line per pair."""
+    problems: list[str] = []
+    exact: dict[str, list[int]] = {}
+    folded: dict[str, list[int]] = {}
+    told: set[tuple[str, str]] = set()
+    for i, (who, real, _path, directory, spec) in enumerate(paths):
+        same = exact.setdefault(real, [])
+        near = folded.setdefault(real.casefold(), [])
+        for j in dict.fromkeys(same + [j for j in near if spec or paths[j][4]]):
+            held, seen, _, held_dir, _ = paths[j]
+            if held == who or (directory and held_dir) or (held, who) in told:
+                continue
+            told.add((held, who))
+            thing = "CDI spec file" if spec else "path"
+            folds = "" if seen == real else f" ({seen!r} where case is folded)"
+            problems.append(f"{held} and {who} both map to the {thing} {real!r}{folds}")
+        same.append(i)
+        near.append(i)
+    return problems
+
+
+def _in_device_dirs(cfg: Config, paths: list[tuple[str, str, str, bool, bool]]) -> list[str]:
+    """colad's outputs that discovery would list as devices: a directory of colad's that is a device
+    directory, or a file colad writes directly in one (discovery lists the regular files of a device
+    directory, not its subdirectories). One line per resource and output."""
+    problems: list[str] = []
+    for resource in cfg.resources:
+        device_dir = dirpath.resolve(resource.device_dir)
+        found = [(who, real) for who, real, _, directory, _ in paths if directory and real == device_dir]
+        if not found:  # else the files in that directory are found with it
+            found = [
+                (who, real)
+                for who, real, _, directory, spec in paths
+                if not (directory or spec) and device_dir in (real, os.path.dirname(real))
+            ]
+        for who, real in found:
+            if who in ("run_dir", "kubelet_dir (the plugin sockets)"):
+                continue  # config_checks.alias_problems refuses these already
+            problems.append(
+                f"{who} {real!r} is in the device directory {device_dir!r} of resource {resource.name!r},"
+                " where colad's own files would be listed as devices"
+            )
     return problems

@@ -47,7 +47,6 @@ SAFETY_CHECK_INTERVAL = 5.0  # stat our sockets and kubelet.sock even if the wat
 CRASH_BUDGET = (5, 60.0)  # unexpected errors per window before we exit and let supervisord restart us
 DRAIN_TIMEOUT = 1.0  # at shutdown, how long the empty device list may take to reach the kubelet
 MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not serve (yet): a reload may add them
-SOCKET_RECORD_NAME = "state/sockets.json"  # the plugin sockets colad created: the only ones it ever removes
 # The state file is written at once after a quiet spell, else at most once per this interval: the events
 # of one change or re-registration cost one or two writes, not one each (a change waits for its send, ms
 # later); the file is never more than this behind the published snapshot.
@@ -80,7 +79,7 @@ class Plugin:
         # A SimpleQueue: put and get in C, no Python Condition per hand-off (every change crosses it twice).
         self.events: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
-        self.record = SocketRecord(os.path.join(cfg.run_dir, SOCKET_RECORD_NAME))
+        self.record = SocketRecord(cfg.socket_record_file)
         self.sockets = Sockets(cfg, self.record, self.metrics, self._on_message, self._on_reject)
         self.ctx = Context(
             cfg.kubelet_dir, cfg.kubelet_socket, cfg.register_timeout, self.metrics, self.record,

@@ -50,7 +50,7 @@ class InUseWatcher:
     ) -> None:
         self.socket_path = cfg.pod_resources_socket
         self.interval = cfg.pod_resources_interval
-        self.state_path = os.path.join(cfg.run_dir, inuse.STATE_NAME)
+        self.state_path = cfg.inuse_state_file
         self.resources = resources
         self.wall = wall
         self.view: dict[inuse.Key, frozenset[inuse.Holder]] = {}  # last known, kept while unavailable

@@ -78,7 +78,7 @@ class RoleHealth:
 
     def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.socket_path = cfg.supervisor_socket
-        self.pid_file = os.path.join(cfg.run_dir, "supervisord.pid")
+        self.pid_file = cfg.supervisor_pid_file
         self.clock = clock
         self._lock = threading.Lock()
         self._cached: tuple[float, RoleView | None] | None = None
@@ -141,7 +141,7 @@ def _in_use_unavailable(reason: str) -> dict[str, Any]:
 def read_in_use(cfg: Config) -> dict[str, Any]:
     """The plugin's in-use view, tolerant of a missing, partial or foreign file."""
     try:
-        raw = statefile.read_raw(os.path.join(cfg.run_dir, inuse.STATE_NAME))
+        raw = statefile.read_raw(cfg.inuse_state_file)
     except StateFileMissing:
         return _in_use_unavailable("no in-use view written yet")
     except StateFileError as exc:

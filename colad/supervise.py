@@ -275,7 +275,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     assert cfg is not None
     log.setup("supervise", cfg.log_level)
     os.umask(0o077)
-    conf_path = os.path.join(cfg.run_dir, constants.SUPERVISOR_CONF_NAME)
+    conf_path = cfg.supervisor_conf_file
     try:
         rendered = render(cfg, read_template(cfg), journal=stdout_is_journal())
         prepare_run_dir(cfg)

@@ -107,3 +107,45 @@ def test_reload_refuses_a_name_clash_and_the_running_config_stays(
     (colad.device_dir / "fanta").write_bytes(b"")
     kubelet.wait_devices({"cocacola", "fanta"}, resource=COLA)
     kubelet.wait_devices({"pepsi1"}, resource=PEPSI)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [
+        pytest.param(
+            "COLAD_NFD_FEATURES_FILE",
+            "RUN/queue.sock",
+            "names: nfd_features_file and run_dir (the queue socket) both map to the path 'RUN/queue.sock'",
+            id="nfd-file-is-the-queue-socket",
+        ),
+        pytest.param(
+            "COLAD_NFD_FEATURES_FILE",
+            "LINK/state/status.sock",
+            "names: nfd_features_file and run_dir (the status socket) both map to the path 'RUN/state/status.sock'",
+            id="nfd-file-is-the-status-socket-through-a-link",
+        ),
+        pytest.param(
+            "COLAD_CDI_SPEC_DIR",
+            "DEVICES",
+            "names: cdi_spec_dir 'DEVICES' is in the device directory 'DEVICES'",
+            id="spec-dir-is-the-device-dir",
+        ),
+    ],
+)
+def test_supervise_refuses_an_output_on_a_path_colad_owns_with_one_line(
+    key: str, value: str, shown: str, short_tmp: Path
+) -> None:
+    env = base_env(short_tmp)
+    run = Path(env["COLAD_RUN_DIR"])
+    run.mkdir(parents=True, exist_ok=True)
+    (short_tmp / "link").symlink_to(run)
+    devices = Path(env["COLAD_DEVICE_DIR"])
+    devices.mkdir(parents=True, exist_ok=True)
+
+    def spelled(text: str) -> str:
+        return text.replace("RUN", str(run)).replace("LINK", str(short_tmp / "link")).replace("DEVICES", str(devices))
+
+    env[key] = spelled(value)
+    result = run_colad("supervise", env)
+    assert_refused(result, spelled(shown))
+    assert not list(short_tmp.rglob("supervisord.conf*"))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from colad import inuse
+from colad import constants
 from colad.metrics import Metrics
 from colad.podresources import NO_ALLOCATABLE, InUseWatcher
 from tests.fakes.podresources import FakePodResources
@@ -60,7 +60,7 @@ def make_watcher(
 
 
 def state(root: Path) -> dict[str, Any]:
-    return json.loads((root / "run" / inuse.STATE_NAME).read_text())  # type: ignore[no-any-return]
+    return json.loads((root / "run" / constants.INUSE_STATE_NAME).read_text())  # type: ignore[no-any-return]
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[str]:
@@ -127,7 +127,7 @@ def test_holders_state_file_and_metrics_follow_assign_and_release(
         assert [h["pod"] for h in state(short_tmp)["holders"]] == ["batch2"]
     finally:
         watcher.stop()
-    path = short_tmp / "run" / inuse.STATE_NAME
+    path = short_tmp / "run" / constants.INUSE_STATE_NAME
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # no temporary file left

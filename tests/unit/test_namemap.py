@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import random
 import string
 from pathlib import Path
@@ -286,3 +287,141 @@ def test_every_function_deriving_a_name_is_in_the_table_or_accounted_for() -> No
     tabled = {fn.__name__ for m in namemap.MAPPINGS for fn in m.functions}
     tabled |= {fn.__name__ for fn in namemap.DEVICE_ID_MAPPINGS}
     assert inside == tabled
+
+
+# --- colad's own paths: every pair compared where it leads, none in a device directory -------------
+
+RUN_FILES = [o for o in namemap.OUTPUTS if o.keys == ("run_dir",) and not o.directory]
+OWN_DIRS = [o for o in namemap.OUTPUTS if o.directory]
+
+
+def own_path(root: Path, output: namemap.Output) -> str:
+    return output.path(Config(run_dir=f"{root}/run", kubelet_dir=f"{root}/k", cdi_spec_dir=f"{root}/cdi"))
+
+
+@pytest.mark.parametrize("output", RUN_FILES + OWN_DIRS, ids=lambda o: o.who)
+def test_the_nfd_file_on_any_path_colad_writes_is_refused_naming_both_keys_and_the_path(
+    tmp_path: Path, output: namemap.Output
+) -> None:
+    path = own_path(tmp_path, output)
+    line = refusal(tmp_path, ["a.com/x"], f'nfd_features_file = "{path}"\n')
+    assert line is not None and "\n" not in line
+    if output.who == "run_dir":
+        return  # a directory: refused by the path check before names (the file cannot be written)
+    assert f"names: nfd_features_file and {output.who} both map to the path {path!r}" in line, line
+
+
+def test_every_run_dir_file_is_in_the_table() -> None:
+    names = {os.path.relpath(own_path(Path("/r"), o), "/r/run") for o in RUN_FILES}
+    assert names >= {
+        "queue.sock",
+        "supervisor.sock",
+        "supervisord.conf",
+        "supervisord.pid",
+        "state/plugin.json",
+        "state/status.sock",
+        "state/inuse.json",
+        "state/sockets.json",
+    }
+
+
+@pytest.mark.parametrize(
+    ("link_to", "spelled", "shown"),
+    [
+        pytest.param("cdi", "colad-a.com-x.json", "CDI spec file", id="spec-file-through-a-link"),
+        pytest.param("run", "queue.sock", "run_dir (the queue socket)", id="queue-socket-through-a-link"),
+        pytest.param("run/state", "../state/inuse.json", "run_dir (the in-use state file)", id="link-then-dotdot"),
+    ],
+)
+def test_a_path_spelled_through_a_symlink_is_compared_where_it_leads(
+    tmp_path: Path, link_to: str, spelled: str, shown: str
+) -> None:
+    (tmp_path / link_to).mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / link_to)
+    line = refusal(tmp_path, ["a.com/x"], f'nfd_features_file = "{tmp_path}/link/{spelled}"\n')
+    assert line is not None and "nfd_features_file and " in line and shown in line, line
+    assert str(tmp_path / link_to) in line and "link" not in line.split("both map to")[1], line
+
+
+def device_dir_refusal(root: Path, head: str) -> str | None:
+    """The line load() refuses a config with resource a.com/x in root/d0 and one key set by `head`."""
+    (root / "d0").mkdir()
+    (root / "dlink").symlink_to(root / "d0")
+    keys = {"run_dir": f"{root}/run", "kubelet_dir": f"{root}/k", "cdi_spec_dir": f"{root}/cdi"}
+    key, _, value = head.format(root=root).partition(" = ")
+    keys[key] = value.strip().strip('"')
+    text = "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+    (root / "colad.toml").write_text(text + f'resource_name = "a.com/x"\ndevice_dir = "{root}/d0"\n')
+    try:
+        load({}, {"COLAD_CONFIG": str(root / "colad.toml")})
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("head", "who"),
+    [
+        pytest.param('cdi_spec_dir = "{root}/d0"\n', "cdi_spec_dir", id="spec-dir-is-the-device-dir"),
+        pytest.param('nfd_features_file = "{root}/d0/nfd"\n', "nfd_features_file", id="nfd-file-in-the-device-dir"),
+        pytest.param('cdi_spec_dir = "{root}/dlink/."\n', "cdi_spec_dir", id="spec-dir-through-a-link"),
+        pytest.param('nfd_features_file = "{root}/dlink/nfd"\n', "nfd_features_file", id="through-a-link"),
+    ],
+)
+def test_an_output_of_colad_in_a_device_directory_is_refused(tmp_path: Path, head: str, who: str) -> None:
+    line = device_dir_refusal(tmp_path, head)
+    assert line is not None and "\n" not in line and f"names: {who}" in line, line
+    assert f"is in the device directory {str(tmp_path / 'd0')!r} of resource 'a.com/x'" in line, line
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param('nfd_features_file = "{root}/run/features"\n', id="nfd-file-beside-the-sockets"),
+        pytest.param('nfd_features_file = "{root}/cdi/features"\n', id="nfd-file-beside-the-specs"),
+        pytest.param('nfd_features_file = "{root}/d0.nfd"\n', id="a-sibling-of-the-device-dir"),
+        pytest.param('nfd_features_file = "{root}/d0/sub/nfd"\n', id="nfd-file-in-a-subdirectory-of-it"),
+        pytest.param('run_dir = "{root}/d0/run"\n', id="run-dir-a-subdirectory-of-it"),
+        pytest.param('cdi_spec_dir = "{root}/d0/cdi"\n', id="spec-dir-a-subdirectory-of-it"),
+    ],
+)
+def test_outputs_that_share_a_directory_or_sit_below_a_device_directory_load(tmp_path: Path, head: str) -> None:
+    assert device_dir_refusal(tmp_path, head) is None
+    env = write_config(tmp_path, ["a.com/x"]) | {"COLAD_CDI_SPEC_DIR": str(tmp_path / "run")}
+    assert load({}, env).cdi_spec_dir == str(tmp_path / "run")  # spec files beside the sockets
+
+
+# Joins onto a directory outside colad/config.py's path properties, and why each needs no OUTPUTS entry.
+JOINS_ELSEWHERE = {
+    ("cdi.py", "os.path.join(self.spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
+    ("cdi.py", "os.path.join(spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
+    ("namemap.py", "os.path.join(cfg.cdi_spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
+    ("check.py", "os.path.join(kubelet_dir, n)"): "reads the kubelet directory",
+    ("kubelet_sim.py", "os.path.join(self.cfg.kubelet_dir, request.endpoint)"): "the simulated kubelet dials",
+    ("kubelet_watch.py", "os.path.join(where, constants.KUBELET_SOCKET_NAME)"): "the kubelet's socket, read",
+    ("kubeletdir.py", "os.path.join(kubelet_dir, endpoint_name(stamp))"): "a plugin socket: kubelet_dir",
+    ("kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
+    ("plugin_sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
+}
+DIRECTORY_WORDS = ("run_dir", "kubelet_dir", "spec_dir", "constants.", "_NAME", "state/", "where")
+
+
+def test_every_path_colad_writes_is_in_the_output_table() -> None:
+    """A Config path property under one of colad's directories is an OUTPUTS entry, and no module
+    joins a name onto such a directory itself (it would be a path `collisions` never sees)."""
+    sample = Config(run_dir="/r/run", kubelet_dir="/r/k", cdi_spec_dir="/r/cdi", nfd_features_file="/r/nfd")
+    tabled = {o.path(sample) for o in namemap.OUTPUTS}
+    for name, prop in inspect.getmembers(Config, lambda m: isinstance(m, property)):
+        value = prop.fget(sample)
+        if isinstance(value, str) and value.startswith("/r/") and name != "kubelet_socket":  # the kubelet's
+            assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/namemap.py"
+    joins = {
+        (path.name, ast.unparse(node))
+        for path in sorted(COLAD.glob("*.py"))
+        if path.name != "config.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "os.path.join"
+        and any(word in ast.unparse(arg) for arg in node.args for word in DIRECTORY_WORDS)
+    }
+    assert joins == set(JOINS_ELSEWHERE), "a path joined outside Config: make it a Config property and an Output"
