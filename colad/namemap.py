@@ -154,8 +154,9 @@ class Output:
     """A file, socket or directory colad writes at a path it takes from the config, not from a name.
 
     `path` reads the one definition of that path (a Config property, or a key itself); `keys` are
-    the config keys it reads (not checked when one was refused); a directory may be shared with
-    another directory (files and sockets never), and none of them may be or lie in a device directory.
+    the config keys it reads (not checked when one was refused). A directory may be shared with
+    another directory (files and sockets never); no directory may be a device directory and no file
+    an entry of one (discovery would list it as a device).
     """
 
     who: str  # in words, the key first: "run_dir (the queue socket)"
@@ -181,11 +182,8 @@ OUTPUTS: tuple[Output, ...] = (
     Output("run_dir (the in-use state file)", lambda cfg: cfg.inuse_state_file, ("run_dir",)),
     Output("run_dir (the plugin socket record)", lambda cfg: cfg.socket_record_file, ("run_dir",)),
     Output("kubelet_dir (the plugin sockets)", lambda cfg: cfg.kubelet_dir, ("kubelet_dir",), directory=True),
-    Output("cdi_spec_dir", lambda cfg: cfg.cdi_spec_dir, ("cdi", "cdi_spec_dir"), True, lambda cfg: _cdi_on(cfg)),
+    Output("cdi_spec_dir", lambda cfg: cfg.cdi_spec_dir, ("cdi", "cdi_spec_dir"), True, _cdi_on),
 )
-# Paths are compared where they lead now, and a CDI spec file also case-folded: a spec directory may fold
-# case (ext4 casefold, vfat, a container runtime's on another file system): "a.com/GPU" and "a.com/gpu"
-# would be one spec file there.
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their
 # replica IDs; tests/unit/test_namemap.py proves it). IDs come from files at run time, so they are
 # checked by construction, not at load.
@@ -203,7 +201,7 @@ def _where(path: str, directory: bool) -> str:
 def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
     """Problem texts for every two owners (configured resources, colad's own outputs) that one mapping,
     or two of one space, would send to the same value; for every derived value that cannot be used;
-    and for every output of colad that is, or lies in, a device directory. Paths are compared where
+    and for every output of colad that discovery would list as a device. Paths are compared where
     they lead now (colad.dirpath), a CDI spec file's case-folded too.
     `refused`: config keys whose value was refused (entries that read them are left out)."""
     owners: dict[tuple[str, str], tuple[str, str]] = {}  # (space, value compared) -> (who, value), in words
@@ -235,6 +233,9 @@ def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
     return problems
 
 
+# Paths are compared where they lead now (_where), and a CDI spec file also case-folded: a spec directory may fold
+# case (ext4 casefold, vfat, a container runtime's on another file system): "a.com/GPU" and "a.com/gpu"
+# would be one spec file there.
 def _path_clashes(paths: list[tuple[str, str, str, bool, bool]]) -> list[str]:
     """Every pair of paths that lead to one file (two directories may be one), one line per pair."""
     problems: list[str] = []
