@@ -2,7 +2,10 @@
 
 Bounded, since every pod may reach it: one selector thread accepts and reads at most
 MAX_CONNECTIONS request heads (each within REQUEST_TIMEOUT and MAX_REQUEST_BYTES), and two fixed
-lanes, one thread each, answer them: health (the callbacks' one line, 200 or 503) and metrics
+lanes, one thread each, answer them. Fair between sources: one source address holds at most
+MAX_PER_SOURCE of those heads (its next connection is closed at accept), and a newcomer past the cap
+takes the place of a connection of the source holding the most (see `choose_victim`), so a flood from
+one pod never takes the kubelet's probes' place. The lanes: health (the callbacks' one line, 200 or 503) and metrics
 (prometheus_client's exposition of one registry). No thread is started per connection.
 Neighbours: metrics.py (the registry and the refusal counter), plugin.py (health and the address).
 """
@@ -32,7 +35,8 @@ LOG = log.get(__name__)
 __all__ = ["MetricsServer", "parse_address"]
 
 # Scrapers and probes send one small GET and wait: anything slower or larger is not one of them.
-MAX_CONNECTIONS = 32  # request heads being read at once; a new connection past it closes the oldest
+MAX_CONNECTIONS = 32  # request heads being read at once; a new connection past it closes one (choose_victim)
+MAX_PER_SOURCE = MAX_CONNECTIONS // 4  # request heads one source address may have read at once
 REQUEST_TIMEOUT = 5.0  # seconds from accept to a whole request head (the kubelet's probes time out at 5 s)
 MAX_REQUEST_BYTES = 8192  # a request head larger than this is answered 431 and closed
 LANE_BACKLOG = 8  # whole requests waiting for a lane; past it the request is answered 503 at once
@@ -42,7 +46,8 @@ WRITE_TIMEOUT = 5.0  # seconds a lane waits for a client to take its answer
 # replaces the oldest one being read, or is closed at once.
 FD_RESERVE = 32
 ACCEPT_BACKOFF = (0.05, 1.0)  # after accept(2) fails for want of a resource: first pause, cap (doubling)
-LISTEN_BACKLOG = 16
+LISTEN_BACKLOG = 1024  # a burst waits in the kernel, not dropped; accept drains it cheaply
+ACCEPT_BATCH = 64  # connections accepted per wake at most: the lanes and deadlines get their turn
 # accept(2) errors that leave the listener readable: retrying at once would spin.
 SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -65,7 +70,31 @@ class _Reading:
 
     sock: socket.socket
     deadline: float
+    source: str = ""  # the peer's address, without its port
     buffer: bytearray = field(default_factory=bytearray)
+
+
+def choose_victim(reading: Iterable[_Reading], newcomer: str) -> _Reading | None:
+    """The connection a newcomer from `newcomer` replaces when the server is full.
+
+    One of the source holding the most heads: the newcomer's own source when it is among them (a source
+    never takes from one holding no more than it does), else the one whose oldest head came first. At
+    the cap the most any source holds is at least its fair share (MAX_CONNECTIONS / sources), so no
+    source under it loses a connection. Within that source: its oldest connection that has sent
+    nothing, else its oldest. `reading` is in accept order, oldest first; None when it is empty.
+    """
+    held: dict[str, list[_Reading]] = {}
+    for r in reading:
+        held.setdefault(r.source, []).append(r)
+    if not held:
+        return None
+    most = max(len(rs) for rs in held.values())
+    if len(held.get(newcomer, ())) == most:
+        source = newcomer
+    else:  # the source whose oldest connection came first, among those holding the most
+        source = next(s for s, rs in held.items() if len(rs) == most)
+    mine = held[source]
+    return next((r for r in mine if not r.buffer), mine[0])
 
 
 @dataclass(frozen=True)
@@ -182,6 +211,7 @@ class MetricsServer:
         self._selector: selectors.BaseSelector | None = None
         self._wake_r = self._wake_w = -1
         self._reading: dict[int, _Reading] = {}  # by fd, in accept order (oldest first)
+        self._per_source: dict[str, int] = {}  # heads being read, by source address
         self._paused_until: float | None = None  # listener out of the selector after a failed accept
         self._backoff = ACCEPT_BACKOFF[0]
         self._accept_failures = 0
@@ -283,6 +313,7 @@ class MetricsServer:
         for reading in self._reading.values():
             reading.sock.close()
         self._reading.clear()
+        self._per_source.clear()
         assert self._selector is not None
         self._selector.close()
         os.close(self._wake_r)
@@ -328,9 +359,10 @@ class MetricsServer:
     def _accept(self) -> None:
         assert self.server is not None and self._selector is not None
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        for _ in range(LISTEN_BACKLOG):  # a bounded batch: the lanes and deadlines get their turn
+        for _ in range(ACCEPT_BATCH):  # until EAGAIN, bounded: the lanes and deadlines get their turn
             try:
-                sock, _ = self.server.accept()
+                # The descriptor alone (what accept() wraps): a refusal makes no socket object.
+                fd, peer = self.server._accept()  # type: ignore[attr-defined]
             except (BlockingIOError, InterruptedError):
                 break
             except ConnectionAbortedError:
@@ -343,6 +375,12 @@ class MetricsServer:
             if self._accept_failures:
                 LOG.info("metrics accepting again", failures=self._accept_failures)
                 self._accept_failures, self._backoff = 0, ACCEPT_BACKOFF[0]
+            source = str(peer[0])
+            if self._per_source.get(source, 0) >= MAX_PER_SOURCE:  # the cheapest answer: no read, no log
+                self.on_refuse("source_cap")
+                os.close(fd)
+                continue
+            sock = socket.socket(self.server.family, self.server.type, self.server.proto, fileno=fd)
             # Near the file limit the cap shrinks to what the server holds already: a newcomer takes the
             # place of the oldest unfinished request, or is refused when there is none.
             short = soft != resource.RLIM_INFINITY and sock.fileno() >= soft - FD_RESERVE
@@ -350,10 +388,13 @@ class MetricsServer:
                 self._refuse(sock, "fd_reserve", response(503, b"colad: busy\n"))
                 continue
             if short or len(self._reading) >= MAX_CONNECTIONS:
-                self._close(next(iter(self._reading.values())), "evicted")
+                victim = choose_victim(self._reading.values(), source)
+                assert victim is not None
+                self._close(victim, "evicted")
             sock.setblocking(False)
-            reading = _Reading(sock, self.clock() + self.request_timeout)
+            reading = _Reading(sock, self.clock() + self.request_timeout, source)
             self._reading[sock.fileno()] = reading
+            self._per_source[source] = self._per_source.get(source, 0) + 1
             self._selector.register(sock, selectors.EVENT_READ, reading)
 
     def _pause(self, exc: OSError) -> None:
@@ -363,8 +404,9 @@ class MetricsServer:
         self.on_refuse("accept_failed")
         if self._accept_failures == 1:
             LOG.warning("metrics accept failed; pausing", error=exc, seconds=self._backoff)
-        if self._reading:  # our own oldest waiting connection is the one fd we can give back now
-            self._close(next(iter(self._reading.values())), "evicted")
+        victim = choose_victim(self._reading.values(), "")  # the one fd we can give back now
+        if victim is not None:
+            self._close(victim, "evicted")
         self._selector.unregister(self.server)
         self._paused_until = self.clock() + self._backoff
         self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF[1])
@@ -373,6 +415,11 @@ class MetricsServer:
         assert self._selector is not None
         self._selector.unregister(reading.sock)
         del self._reading[reading.sock.fileno()]
+        left = self._per_source[reading.source] - 1
+        if left:
+            self._per_source[reading.source] = left
+        else:
+            del self._per_source[reading.source]
 
     def _close(self, reading: _Reading, reason: str) -> None:
         self._forget(reading)

@@ -39,7 +39,9 @@ CDI_FALLBACK_REASONS = ("missing", "unreadable", "invalid", "other_kind", "not_l
 PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program", "untrusted_host_path")
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 # Connections to the metrics endpoint closed unserved (httpserver.py says when each applies).
-HTTP_REFUSAL_REASONS = ("evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed")
+HTTP_REFUSAL_REASONS = (
+    "evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed", "source_cap",
+)  # fmt: skip
 EFFECT_NAMES = tuple(effect_name(effect) for effect in EFFECTS)  # every effect the registration can ask for
 
 

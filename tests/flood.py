@@ -26,9 +26,13 @@ class FloodCounts:
 
 class HttpFlood:
     """Two threads: one opens `idle_rate` half-sent connections a second and holds up to `max_idle` of
-    them; one opens and closes `rapid_rate` connections a second. Loopback only."""
+    them; one opens and closes `rapid_rate` connections a second. Loopback only, from `source` (another
+    address of 127/8 on IPv4, as a pod's traffic comes from an address apart from the kubelet's)."""
 
-    def __init__(self, address: str, *, idle_rate: float = 40, rapid_rate: float = 200, max_idle: int = 2000) -> None:
+    def __init__(
+        self, address: str, *, idle_rate: float = 40, rapid_rate: float = 200, max_idle: int = 2000,
+        source: str = "127.0.0.2",
+    ) -> None:  # fmt: skip
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         if host in ("0.0.0.0", "::", ""):
@@ -36,6 +40,7 @@ class HttpFlood:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError(f"the flood stays on loopback, not {host}")
         self.target = (host, int(port))
+        self.source = (source, 0) if host != "::1" and source.startswith("127.") else None
         self.idle_rate, self.rapid_rate, self.max_idle = idle_rate, rapid_rate, max_idle
         self.counts = FloodCounts()
         self._stop = threading.Event()
@@ -47,7 +52,7 @@ class HttpFlood:
 
     def _connect(self) -> socket.socket | None:
         try:
-            return socket.create_connection(self.target, timeout=1)
+            return socket.create_connection(self.target, timeout=1, source_address=self.source)
         except OSError:
             with self.counts.lock:
                 self.counts.refused += 1

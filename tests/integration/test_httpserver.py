@@ -1,4 +1,5 @@
-"""The metrics/health HTTP server's bounds: connection cap, request deadline, size cap, fixed threads, fd shortage.
+"""The metrics/health HTTP server's bounds: connection cap, fairness between sources, request deadline, size
+cap, fixed threads, fd shortage.
 
 Real sockets on loopback against one MetricsServer in this process; the refusals are read from
 the Metrics registry they are counted in.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import functools
+import multiprocessing
 import os
+import random
 import resource
 import socket
 import threading
@@ -19,7 +22,7 @@ import pytest
 
 from colad import httpserver
 from colad import metrics as metrics_mod
-from colad.httpserver import MAX_CONNECTIONS, MAX_REQUEST_BYTES, MetricsServer, parse_head
+from colad.httpserver import MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_REQUEST_BYTES, MetricsServer, parse_head
 from colad.metrics import Metrics
 from tests.helpers import http_get, wait_until
 
@@ -36,8 +39,8 @@ class Served:
         value = self.metrics.registry.get_sample_value("colad_http_connections_refused_total", {"reason": reason})
         return value or 0.0
 
-    def connect(self, first: bytes = b"GET /healthz HTTP/1.1\r\n") -> socket.socket:
-        sock = socket.create_connection(self.address, timeout=5)
+    def connect(self, first: bytes = b"GET /healthz HTTP/1.1\r\n", source: str = "127.0.0.1") -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=5, source_address=(source, 0))
         if first:
             sock.sendall(first)
         self.open.append(sock)
@@ -127,16 +130,150 @@ def test_a_bad_request_gets_its_status_and_the_connection_is_closed(
     assert http_get(served.url + "/healthz")[0] == 200
 
 
-def test_idle_connections_past_the_cap_close_the_oldest_and_start_no_thread(serve: Callable[..., Served]) -> None:
+def test_one_source_past_its_share_is_refused_at_accept_and_starts_no_thread(serve: Callable[..., Served]) -> None:
     served = serve()
     threads = threading.active_count()
-    socks = [served.connect() for _ in range(MAX_CONNECTIONS * 3)]
+    socks = [served.connect(source="127.0.0.2") for _ in range(MAX_PER_SOURCE * 3)]
     assert threading.active_count() == threads
-    oldest, newest = socks[: 2 * MAX_CONNECTIONS], socks[2 * MAX_CONNECTIONS :]
-    wait_until(lambda: all(closed_by_server(s) for s in oldest), 5, "the oldest half-sent requests closed")
-    assert not any(closed_by_server(s) for s in newest)
-    assert served.refused("evicted") >= 2 * MAX_CONNECTIONS
-    assert http_get(served.url + "/healthz") == (200, "ok\n")  # a whole request among them is served at once
+    held, past = socks[:MAX_PER_SOURCE], socks[MAX_PER_SOURCE:]
+    wait_until(lambda: all(closed_by_server(s) for s in past), 5, "the source's connections past its share closed")
+    assert not any(closed_by_server(s) for s in held)
+    assert served.refused("source_cap") == 2 * MAX_PER_SOURCE and served.refused("evicted") == 0
+    assert http_get(served.url + "/healthz") == (200, "ok\n")  # another source is served at once
+
+
+def test_a_full_server_takes_from_the_source_holding_the_most_and_spares_the_others(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve()
+    sources = [f"127.0.0.{n}" for n in range(2, 2 + MAX_CONNECTIONS // MAX_PER_SOURCE)]
+    held = {source: [served.connect(source=source) for _ in range(MAX_PER_SOURCE)] for source in sources}
+    wait_until(lambda: len(served.server._reading) == MAX_CONNECTIONS, 5, "the server full")
+    quiet = served.connect(b"", source="127.0.0.2")  # refused: its source holds its share already
+    newcomers = [served.connect(b"", source="127.0.0.100") for _ in range(MAX_PER_SOURCE)]
+    wait_until(lambda: served.refused("evicted") == MAX_PER_SOURCE, 5, "one eviction per newcomer")
+    assert b"".join(iter(lambda: quiet.recv(4096), b"")) == b""  # closed at accept, nothing read or sent
+    assert served.refused("source_cap") == 1
+    held["127.0.0.100"] = newcomers
+    left = {source: sum(not closed_by_server(s) for s in socks) for source, socks in held.items()}
+    # Taken evenly from the sources holding the most; the newcomer's own once it held as many as they.
+    assert sum(left.values()) == MAX_CONNECTIONS and max(left.values()) - min(left.values()) <= 1, left
+    assert left["127.0.0.100"] == max(left.values()), left
+    for socks in held.values():  # each source lost its oldest
+        assert closed_by_server(socks[0]) and not closed_by_server(socks[-1])
+    assert http_get(served.url + "/healthz") == (200, "ok\n")
+
+
+def _flood(host: str, port: int, source: str, until: float) -> None:
+    """Idle connections from `source` at full speed until `until`, never a byte; at most 400 held."""
+    held: list[socket.socket] = []
+    opened = 0
+    while time.monotonic() < until and opened < 50_000:
+        sock = socket.socket()
+        try:
+            sock.setblocking(False)
+            sock.bind((source, 0))
+            sock.connect_ex((host, port))
+        except OSError:
+            sock.close()
+            time.sleep(0.001)
+            continue
+        opened += 1
+        held.append(sock)
+        if len(held) > 400:
+            held.pop(0).close()
+    for sock in held:
+        sock.close()
+
+
+def test_an_idle_connection_flood_from_other_sources_never_fails_a_probe(serve: Callable[..., Served]) -> None:
+    served = serve()
+    host, port = served.address
+    fork = multiprocessing.get_context("fork")
+    until = time.monotonic() + 12
+    floods = [fork.Process(target=_flood, args=(host, port, f"127.0.0.{n}", until), daemon=True) for n in (2, 3)]
+    for flood in floods:
+        flood.start()
+    try:
+        wait_until(lambda: served.refused("source_cap") >= 100, 5, "the flood under way")
+        slowest_probe = slowest_connect = 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            socket.create_connection(served.address, timeout=1, source_address=("127.0.0.1", 0)).close()
+            slowest_connect = max(slowest_connect, time.monotonic() - started)
+            started = time.monotonic()
+            probe = served.connect(b"GET /healthz HTTP/1.1\r\nHost: colad\r\n\r\n")
+            probe.settimeout(1)
+            answer = b"".join(iter(functools.partial(probe.recv, 4096), b""))
+            slowest_probe = max(slowest_probe, time.monotonic() - started)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            time.sleep(0.2)
+        flooding = all(flood.is_alive() for flood in floods)
+    finally:
+        for flood in floods:
+            flood.join(15)
+            if flood.is_alive():
+                flood.kill()
+    assert flooding, "the flood ended before the probes did"
+    assert slowest_probe < 1.0 and slowest_connect < 0.5, (slowest_probe, slowest_connect)
+    print(
+        f"flood: {served.refused('source_cap'):.0f} refused at accept, {served.refused('evicted'):.0f} evicted;"
+        f" slowest probe {slowest_probe * 1000:.0f} ms, slowest connect {slowest_connect * 1000:.0f} ms"
+    )
+
+
+def _reading(source: str, sent: bytes = b"") -> httpserver._Reading:
+    return httpserver._Reading(socket.socket(), 0.0, source, bytearray(sent))
+
+
+@pytest.mark.parametrize(
+    ("held", "newcomer", "expected"),
+    [
+        (["a", "a", "b"], "c", 0),  # the biggest holder's oldest
+        (["b", "a", "a", "b", "b"], "c", 0),  # b holds the most
+        (["a", "b", "a", "b"], "c", 0),  # a tie: the one whose oldest came first
+        (["a", "b", "a", "b"], "b", 1),  # a tie with the newcomer's own source: its own
+        (["a", "a", "b"], "b", 0),  # the newcomer holds less: never its own
+        (["a", "a+", "a"], "c", 0),
+        (["a+", "a", "a"], "c", 1),  # the oldest that sent nothing before an older one that did
+        (["a+", "a+"], "c", 0),  # all sent something: the oldest
+        ([], "c", None),
+    ],
+)
+def test_choose_victim(held: list[str], newcomer: str, expected: int | None) -> None:
+    readings = [_reading(h.rstrip("+"), b"G" if h.endswith("+") else b"") for h in held]
+    try:
+        victim = httpserver.choose_victim(readings, newcomer)
+        assert (None if victim is None else readings.index(victim)) == expected
+    finally:
+        for r in readings:
+            r.sock.close()
+
+
+def test_choose_victim_never_takes_from_a_source_under_its_fair_share() -> None:
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    sock = socket.socket()
+    try:
+        for _ in range(2000):
+            sources = [f"s{n}" for n in range(rng.randint(1, 12))]
+            readings = [
+                httpserver._Reading(sock, 0.0, rng.choice(sources), bytearray(rng.choice([b"", b"G"])))
+                for _ in range(MAX_CONNECTIONS)
+            ]
+            newcomer = rng.choice([*sources, "new"])
+            counts = {s: sum(r.source == s for r in readings) for s in sources}
+            victim = httpserver.choose_victim(readings, newcomer)
+            assert victim is not None, seed
+            fair = MAX_CONNECTIONS / len(set(counts) | {newcomer})
+            assert counts[victim.source] == max(counts.values()) >= fair, seed
+            assert counts[victim.source] >= counts.get(newcomer, 0), seed
+            if victim.source != newcomer:
+                assert counts[victim.source] > counts.get(newcomer, 0), seed
+            same = [r for r in readings if r.source == victim.source]
+            assert victim is next((r for r in same if not r.buffer), same[0]), seed
+    finally:
+        sock.close()
 
 
 def test_a_request_head_must_arrive_whole_within_the_deadline_however_it_trickles(
