@@ -382,7 +382,7 @@ class MetricsServer:
                 continue
             sock = socket.socket(self.server.family, self.server.type, self.server.proto, fileno=fd)
             # Near the file limit the cap shrinks to what the server holds already: a newcomer takes the
-            # place of the oldest unfinished request, or is refused when there is none.
+            # place of an unfinished request (choose_victim), or is refused when there is none.
             short = soft != resource.RLIM_INFINITY and sock.fileno() >= soft - FD_RESERVE
             if short and not self._reading:
                 self._refuse(sock, "fd_reserve", response(503, b"colad: busy\n"))
