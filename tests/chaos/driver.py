@@ -351,20 +351,29 @@ class Chaos:
         self.change_devices()
 
     def queue_other_uid(self) -> None:
-        pid = os.fork()
-        if pid == 0:  # the child: another uid tries to feed the plugin a device
-            try:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                with socket.socket(socket.AF_UNIX) as peer:
-                    peer.settimeout(2)
-                    peer.connect(str(self.colad.run_dir / "queue.sock"))
-                    peer.sendall(frame(messages.DeviceSnapshot(2**62, 1, DeviceSet.of([Device("intruder")]))))
-            except OSError:
-                pass
-            os._exit(0)
-        os.waitpid(pid, 0)
+        """Another uid tries to feed the plugin a device. A fresh interpreter, not a fork: a fork of this
+        process, whose gRPC threads may be inside the core, can crash in the child."""
+        payload = frame(messages.DeviceSnapshot(2**62, 1, DeviceSet.of([Device("intruder")])))
+        script = (
+            "import socket, sys\n"
+            "peer = socket.socket(socket.AF_UNIX)\n"
+            "peer.settimeout(2)\n"
+            "try:\n"
+            "    peer.connect(sys.argv[1])\n"
+            "    peer.sendall(sys.stdin.buffer.read())\n"
+            "except OSError:\n"
+            "    pass\n"
+        )
+        subprocess.run(
+            ["/usr/bin/python3", "-c", script, str(self.colad.run_dir / "queue.sock")],  # root's venv: not nobody's
+            input=payload,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
         self.change_devices()
 
     # ---- faults: hostile input (issue 12) ----
