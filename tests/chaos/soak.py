@@ -1,4 +1,4 @@
-"""`make soak`: colad under fault injection for a long while, then the fuzzers; prints a summary.
+"""`make soak`: the fuzzers, then colad under fault injection for a long while; prints a summary.
 
     python -m tests.chaos.soak --minutes 10 [--seed N] [--fuzz-seconds 60]
 
@@ -76,8 +76,10 @@ def main() -> int:
     parser.add_argument("--fuzz-seconds", type=int, default=60)
     args = parser.parse_args()
     print(f"soak: {args.minutes} minutes, seed {args.seed}", flush=True)
-    chaos = soak(args.minutes, args.seed, args.long_away)
+    # The fuzzers first: a child's peak RSS starts at this process's size (fork copies it, exec keeps the
+    # peak), and after the faults this process has read logs of hundreds of MB, past libFuzzer's 2 GB.
     fuzzed = fuzz(args.fuzz_seconds) if args.fuzz_seconds else {}
+    chaos = soak(args.minutes, args.seed, args.long_away)
     print(chaos.summary())
     for record in chaos.records:
         if record.recovery_s is None:
