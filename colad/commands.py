@@ -309,13 +309,19 @@ def _marker(pid: int) -> str | None:
     return None
 
 
-def _adopted(table: _Table, marker: str | None = None) -> list[int]:
+def _adopted(table: _Table, marker: str | None = None, group: int = 0) -> list[int]:
     """This role's children it did not start (a subreaper's orphans), else the processes anywhere
-    carrying one of its markers; only those carrying `marker` when it is given."""
+    carrying one of its markers; only those carrying `marker` when it is given, or in process group
+    `group` (a command's group, while the command is unreaped).
+
+    The group finds a process killed with the group while it dies: its environment is gone, and
+    the processes it started are adopted only once it has exited, so the kill waits for it."""
     me = os.getpid()
     if _STATE["subreaper"]:
         found = [p for p in table.children(me) if p not in _LIVE]
-        return found if marker is None else [p for p in found if _marker(p) == marker]
+        if marker is None:
+            return found
+        return [p for p in found if (group and _in_group(p, group)) or _marker(p) == marker]
     mine = f"{me}."
     return [
         p
@@ -324,19 +330,31 @@ def _adopted(table: _Table, marker: str | None = None) -> list[int]:
     ]
 
 
+def _in_group(pid: int, group: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[1] == group
+
+
 def _kill_tree(child: Child) -> int:
-    """Pass over the command's tree, its group and its adopted processes until no new one turns up,
-    then sweep(): one look at /proc when the command left nothing behind."""
+    """Pass over the command's tree, its group and its adopted processes until a pass finds no new
+    process and none that ended while it looked, then sweep(): one look at /proc when the command
+    left nothing behind.
+
+    A process that ended between the look and its stop had its children adopted by this role in
+    between, unseen by that look (a subshell that forked `setsid daemon` and exited): the next pass
+    sees them."""
     signalled: set[int] = set()
+    ended: set[int] = {child.pid} if child.exited() else set()
     for _ in range(KILL_ROUNDS):
-        before = len(signalled)
+        before = (len(signalled), len(ended))
         table = _Table()
         frozen: dict[int, int | None] = {}
-        if child.popen.returncode is None:  # not reaped: its pid and group id are still its own
-            _freeze_tree(table, child.pid, frozen)
-        for pid in _adopted(table, child.marker):
-            _freeze_tree(table, pid, frozen)
-        if child.popen.returncode is None:
+        unreaped = child.popen.returncode is None  # its pid and group id are still its own
+        if unreaped:
+            _freeze_tree(table, child.pid, frozen, ended)
+        for pid in _adopted(table, child.marker, child.pid if unreaped else 0):
+            _freeze_tree(table, pid, frozen, ended)
+        if unreaped:
             try:
                 os.killpg(child.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -344,15 +362,16 @@ def _kill_tree(child: Child) -> int:
         _kill_frozen(frozen)
         _await(p for p in frozen if p != child.pid)  # the command itself is its owner's to reap
         signalled.update(frozen)
-        if len(signalled) == before:
+        if (len(signalled), len(ended)) == before:
             break
     if _STATE["subreaper"]:  # the last look found nothing new: it serves the sweep as well
         _sweep(table)
     return len(signalled - {child.pid})
 
 
-def _freeze_tree(table: _Table, root: int, frozen: dict[int, int | None]) -> None:
-    """SIGSTOP `root` and its descendants, parents first, each held by a pidfd in `frozen`.
+def _freeze_tree(table: _Table, root: int, frozen: dict[int, int | None], ended: set[int] | None = None) -> None:
+    """SIGSTOP `root` and its descendants, parents first, each held by a pidfd in `frozen`; those
+    that had exited (or were gone) when their turn came are added to `ended`.
 
     Stopped, a process neither forks nor exits, so its children keep it as their parent while
     the tree is walked; _kill_frozen() then ends them all."""
@@ -363,6 +382,8 @@ def _freeze_tree(table: _Table, root: int, frozen: dict[int, int | None]) -> Non
             continue
         fd = _stop(pid, parent)
         if fd is False:
+            if ended is not None and ((stat := _stat(pid)) is None or stat[2] in "ZX"):
+                ended.add(pid)
             continue
         frozen[pid] = fd
         todo.extend((kid, pid) for kid in table.children(pid))

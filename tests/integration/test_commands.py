@@ -319,3 +319,17 @@ def test_the_roles_stop_kills_running_commands_and_their_grandchildren() -> None
     text = out.decode()
     assert "result False alive False" in text and "Traceback" not in text, text
     gone(tok)
+
+
+def test_a_kill_while_the_command_forks_and_exits_leaves_nothing(subreaper: None) -> None:
+    """The kill's look at the tree races the command: a subshell forks `setsid sleep` and exits while
+    the kill reads the table, so the daemon is adopted unseen by that look. A pass that meets a
+    process which ended while it looked is followed by another; no sweep after the kill is needed."""
+    rng = random.Random(7)
+    tok = token()
+    for _ in range(200):
+        child = commands.start((SH, "-c", f"(setsid sleep {tok} &); (setsid sleep {tok} &); exit 0"), BASE_ENV)
+        time.sleep(rng.uniform(0.0, 0.01))
+        child.kill()
+        child.wait(5)
+        assert not survivors(tok), f"left: {describe(survivors(tok))}"
