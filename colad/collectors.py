@@ -17,7 +17,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from colad import constants
 from colad.inuse import InUse
-from colad.metrics import QUEUE_EVENTS, Peers
 from colad.statefile import PluginState
 
 RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
@@ -96,17 +95,17 @@ class PeerCollector:
 
     def __init__(
         self,
-        peers: Peers,
+        peers: Callable[[], tuple[dict[str, int], dict[str, dict[str, int]]]],
         own: Callable[[], dict[str, int]],
         own_inputs: Callable[[], dict[str, int]] = dict,
     ) -> None:
-        self.peers = peers
-        self.own = own  # the plugin's own queue counters, by event
+        self.peers = peers  # the neighbours' pids and latest counters, by role
+        self.own = own  # the plugin's own queue counters, by event (every event, in order)
         self.own_inputs = own_inputs  # the plugin's own input rejections, by reason
         self.processes = RoleProcesses()
 
     def collect(self) -> Iterator[Metric]:
-        pids, counters = self.peers.snapshot()
+        pids, counters = self.peers()
         discovery = counters.get("discovery", {})
         yield _stats_family(
             "colad_discovery_rescans",
@@ -132,9 +131,8 @@ class PeerCollector:
         queue = CounterMetricFamily(
             "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
         )
-        own = self.own()
-        for event in QUEUE_EVENTS:
-            queue.add_metric(["plugin", event], own.get(event, 0))
+        for event, value in self.own().items():
+            queue.add_metric(["plugin", event], value)
         for role in ("discovery", "kubelet-watch"):
             for event in ("sent", "dropped"):
                 queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))

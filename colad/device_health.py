@@ -1,9 +1,9 @@
-"""Per-resource health and outputs for `colad discovery`: what the kubelet is told of each device.
+"""Health and outputs for `colad discovery`: what the kubelet is told of each device.
 
 Reads: each device's host paths (hostpaths.py, watched by inotify) and its probe verdicts
-(probes.py). Writes: each resource's CDI spec (cdi.py) and the NFD feature file (nfd.py).
-`DeviceHealth` is one resource's overlay; `HealthOutputs` is the part of the Discovery loop
-(discovery.py) that follows host paths and probes and writes the files.
+(probes.py), through each resource's overlay (resource_scan.DeviceHealth). Writes: each
+resource's CDI spec (cdi.py) and the NFD feature file (nfd.py). `HealthOutputs` is the part of
+the Discovery loop (discovery.py) that follows host paths and probes and writes the files.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ import ctypes
 import errno
 import functools
 import os
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pyinotify
 
-from colad import cdi, devices, hostpaths, log, namemap, nfd, trust, watch
-from colad.config import Config, Resource
-from colad.constants import UNHEALTHY
+from colad import cdi, hostpaths, log, namemap, nfd, trust, watch
+from colad.config import Config
 from colad.devices import Device
-from colad.probes import PENDING, Probe, ProbeRunner, Verdict
+from colad.probes import PENDING, ProbeRunner
 from colad.queue_client import StatsReporter
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
@@ -45,107 +42,6 @@ try:  # ctypes is loaded in this role already: pyinotify binds inotify with it
     _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
 except (OSError, AttributeError):  # no glibc (musl): nothing to trim with
     _malloc_trim = None
-
-
-class DeviceHealth:
-    """One resource's health overlay: a device as read, made Unhealthy with the reason on it
-    (Device.reason, on the wire) where a required host path is missing or its probe fails;
-    missing optional entries left out.
-
-    Per device it keeps the reason, the directories to watch and the probe to run, so a
-    change costs only the devices it touches. `notes` are the reason changes to log and count.
-    """
-
-    def __init__(
-        self,
-        resource: Resource,
-        check_paths: bool,
-        runner: ProbeRunner | None,
-        trusted: frozenset[int] = trust.ROOT_ONLY,
-    ) -> None:
-        self.resource = resource
-        self.check_paths = check_paths
-        self.trusted = trusted
-        self.runner = runner
-        self.reasons: dict[str, str] = {}
-        self.dirs: dict[str, frozenset[str]] = {}  # device ID -> the directories its host paths need watched
-        self.probes: dict[str, Probe] = {}  # device ID -> its probe
-        self.notes: list[tuple[str, str, str]] = []  # (device ID, reason before, reason now)
-        self.dir_refs: Counter[str] = Counter()
-        self.dirs_changed = False
-        self.probes_changed = False
-
-    def key(self, device_id: str) -> str:
-        return namemap.cdi_device_name(self.resource.name, device_id)
-
-    def probe_of(self, raw: Device) -> Probe | None:
-        own = getattr(raw, "probe", None)  # the device file's override: None = the resource's, () = none
-        command = tuple(self.resource.probe) if own is None else own
-        if not command or raw.problem or self.runner is None:
-            return None
-        env = (("COLA_DEVICE_ID", raw.device_id), ("COLA_RESOURCE_NAME", self.resource.name))
-        return Probe(command, self.resource.probe_timeout, self.resource.probe_interval, env)
-
-    def advertise(self, raw: Device) -> Device:
-        """`raw` as the kubelet should see it now."""
-        device_id, device, reason = raw.device_id, raw, ""
-        dirs: frozenset[str] = frozenset()
-        if raw.device_nodes or raw.mounts:  # trusted always; present only with host_path_check
-            only_trust = None if self.check_paths else functools.partial(hostpaths.trust_path, trusted=self.trusted)
-            checked = hostpaths.check(devices.DeviceSet((raw,)), only_trust, self.trusted)
-            device, dirs = checked.devices.devices[0], checked.watch_dirs
-            reason = checked.reasons[0][1] if checked.reasons else ""
-        if dirs != self.dirs.get(device_id, frozenset()):
-            self._set_dirs(device_id, dirs)
-        probe = self.probe_of(raw)
-        if probe != self.probes.get(device_id):
-            self.probes_changed = True
-            if probe is None:
-                del self.probes[device_id]
-            else:
-                self.probes[device_id] = probe
-        if probe is not None and self.runner is not None:
-            verdict = self.runner.verdict(self.key(device_id)) or Verdict(False, PENDING)
-            if not verdict.healthy:
-                reason = reason or f"probe {os.path.basename(probe.command[0])}: {verdict.reason}"
-        reason = devices.clip_reason(reason) if reason else ""
-        if reason and not device.problem:  # the plugin's state file and `colad status` show it
-            device = replace(device, health=UNHEALTHY, reason=reason)
-        self._set_reason(device_id, reason)
-        return device
-
-    def forget(self, device_id: str) -> None:
-        """`device_id` left the directory."""
-        if device_id in self.dirs:
-            self._set_dirs(device_id, frozenset())
-        if self.probes.pop(device_id, None) is not None:
-            self.probes_changed = True
-        self._set_reason(device_id, "")
-
-    def forget_all_but(self, ids: set[str]) -> None:
-        for device_id in [i for i in {*self.dirs, *self.probes, *self.reasons} if i not in ids]:
-            self.forget(device_id)
-
-    @property
-    def watched(self) -> list[str]:
-        """The devices whose verdict a host-path event can change."""
-        return sorted(self.dirs)
-
-    def _set_dirs(self, device_id: str, dirs: frozenset[str]) -> None:
-        self.dir_refs.subtract(self.dirs.pop(device_id, frozenset()))
-        if dirs:
-            self.dirs[device_id] = dirs
-            self.dir_refs.update(dirs)
-        self.dirs_changed = True
-
-    def _set_reason(self, device_id: str, reason: str) -> None:
-        before = self.reasons.get(device_id, "")
-        if reason != before:
-            self.notes.append((device_id, before, reason))
-            if reason:
-                self.reasons[device_id] = reason
-            else:
-                del self.reasons[device_id]
 
 
 class HealthOutputs:

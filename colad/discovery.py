@@ -23,7 +23,7 @@ from colad import cdi, commands, constants, device_wire, devices, log, messages,
 from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
-from colad.device_health import TRIM_AFTER_NAMES, DeviceHealth, HealthOutputs
+from colad.device_health import TRIM_AFTER_NAMES, HealthOutputs
 from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
 from colad.devicedir import Cached as _Cached  # noqa: F401 - imported from here by tests
 from colad.devicedir import list_regular_files as list_regular_files
@@ -31,6 +31,7 @@ from colad.devicedir import racy as racy
 from colad.devices import Device
 from colad.probes import ProbeRunner
 from colad.queue_client import QueueClient
+from colad.resource_scan import DeviceHealth
 from colad.resource_scan import ResourceWatch as ResourceWatch
 from colad.snapshots import TOO_LARGE as TOO_LARGE
 from colad.snapshots import Fitted, fit_the_queue

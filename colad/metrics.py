@@ -322,7 +322,7 @@ class Metrics:
                 family.bind(r)
             Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
             own = lambda: dict(self.queue_events)  # noqa: E731
-            r.register(collectors.PeerCollector(self.peers, own, lambda: dict(self.input_rejected)))
+            r.register(collectors.PeerCollector(self.peers.snapshot, own, lambda: dict(self.input_rejected)))
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             self._allocated_series.clear()  # looked up again, now on the real families

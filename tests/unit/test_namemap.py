@@ -252,7 +252,7 @@ def test_device_id_mappings_are_one_to_one_over_ids_and_replica_ids() -> None:
 ELSEWHERE = {
     ("cdi.py", "path"): "joins cdi_spec_dir and namemap.cdi_spec_file",
     ("cdi.py", "marker"): "namemap.cdi_marker_name plus '=' and the ID",
-    ("device_health.py", "key"): "namemap.cdi_device_name",
+    ("resource_scan.py", "key"): "namemap.cdi_device_name",
     ("devices.py", "base_id"): "the inverse of replica_id",
     ("devices.py", "replica_id"): "one-to-one: an ID never holds ':' (test_device_id_mappings_are_one_to_one...)",
     ("messages.py", "snapshot_key"): "a constant prefix and the name: one-to-one",
