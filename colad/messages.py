@@ -17,6 +17,7 @@ from itertools import islice
 from colad.config import resource_name_problem
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
 from colad.errors import MessageError
+from colad.wire_json import dumps
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 
@@ -127,13 +128,6 @@ ROLES = ("discovery", "kubelet-watch")
 MAX_COUNTERS = 64
 
 Message = DeviceSnapshot | DeviceDelta | KubeletState | Stats
-
-
-def dumps(body: object) -> bytes:
-    """The wire's JSON form of `body` (device_wire.py encodes device entries with it too)."""
-    # ASCII on the wire (tests/unit/test_messages.py): any str encodes, a surrogate-escaped name too,
-    # at the price of 6 bytes per non-ASCII character, which snapshot_size() counts exactly.
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 def show(value: object, limit: int = 60) -> str:
