@@ -2,8 +2,9 @@
 
 Precedence: built-in defaults < TOML file < COLAD_* environment < command-line flags.
 Every problem is collected and reported at once, naming the key and where the
-value came from (the checks of single values are config_checks.py); callers turn
-`ConfigError` into exit code 2 and one line. Nothing else in colad reads os.environ.
+value came from (the checks of single values are config_checks.py; those across keys are
+here, `collisions` among them); callers turn `ConfigError` into exit code 2 and one line.
+Nothing else in colad reads os.environ.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from colad import constants, dirpath, trust
 from colad.config_checks import (
     CDI_MODES,
     address_problem,
+    alias_problems,
     command_problem,
-    directory_problems,
     expiry_problem,
     in_flight_problem,
     label_prefix_problem,
@@ -31,7 +32,6 @@ from colad.config_checks import (
     policy_problem,
     positive_problem,
     prepare_timeout_problem,
-    resource_name_problems,
     show,
     show_key,
     show_path,
@@ -43,11 +43,13 @@ from colad.config_checks import (
 from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.config_input import convert, read_file
 from colad.errors import ConfigError
-from colad.namemap import collisions
+from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
+from colad.namemap import cdi_kind, cdi_kind_problem, cdi_spec_file, nfd_label_base, nfd_label_keys
 from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from typing import Any
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
@@ -345,8 +347,8 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         final["trusted_owners"] = owner_uids(final["trusted_owners"])  # type: ignore[arg-type]
     pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
     cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
-    problems.extend(directory_problems(cfg, labels, sources, source, failed))
-    problems.extend(resource_name_problems(cfg, sources, failed))
+    problems.extend(_directory_problems(cfg, labels, sources, source, failed))
+    problems.extend(_resource_name_problems(cfg, sources, failed))
     problems.extend(f"names: {clash}" for clash in collisions(cfg, failed))
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
@@ -416,6 +418,234 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
             problems.append(f"resources ({source}): name {show(resource.name)} is used by more than one resource")
         seen.add(resource.name)
     return tuple(result), labels
+
+
+def _directory_problems(
+    cfg: Config, labels: list[str], sources: Mapping[str, str], file_source: str, failed: set[str]
+) -> list[str]:
+    """The device directories of `cfg` and colad's own ones, named for alias_problems.
+
+    `labels` names each of cfg.resource_tables by its index in the file; a key whose value
+    was refused (`failed`) is left out rather than compared as its default.
+    """
+    if cfg.resource_tables:
+        tables = zip(labels, cfg.resource_tables, strict=True)
+        dirs = [(f"{label}.device_dir", file_source, r.device_dir) for label, r in tables]
+    elif "device_dir" not in failed:
+        dirs = [("device_dir", sources.get("device_dir", "default"), cfg.device_dir)]
+    else:
+        dirs = []
+    own = [(k, sources.get(k, "default"), getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed]
+    return alias_problems(dirs, own)
+
+
+def _resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[str]) -> list[str]:
+    """Settings a resource's name cannot carry: a CDI kind for cdi = "only", NFD label keys with the prefix."""
+    problems: list[str] = []
+    if failed & {"resource_name", "cdi", "nfd_label_prefix"} or not (cfg.cdi == "only" or cfg.nfd_features_file):
+        return problems
+    from colad.nfd import label_problem  # only for the settings that need it: the default config loads no device model
+
+    for resource in cfg.resources:
+        if cfg.cdi == "only" and (why := cdi_kind_problem(resource.name)) is not None:
+            problems.append(f"cdi ({sources.get('cdi', 'default')}): 'only' needs a CDI kind per resource: {why}")
+        if cfg.nfd_features_file and (why := label_problem(resource.name, cfg.nfd_label_prefix)) is not None:
+            problems.append(f"nfd_label_prefix ({sources.get('nfd_label_prefix', 'default')}): {why}")
+    return problems
+
+
+@dataclass(frozen=True)
+class NameMapping:
+    """One way colad derives names of one kind (`space`) from a resource name, when `applies` to a config.
+
+    `functions` are the namemap functions it applies; `derive` gives what the resource becomes
+    (empty: nothing, e.g. a name that is no CDI kind); `problem` why one derived value cannot be used,
+    or None. `keys` are the config keys it reads: a mapping is not checked when one of them was
+    refused (its default would stand in).
+    """
+
+    thing: str  # what the values are, in words: "CDI spec file"
+    space: str  # values in one space must not meet, whichever mapping made them
+    functions: tuple[Callable[..., object], ...]
+    derive: Callable[[Config, str], tuple[str, ...]]
+    applies: Callable[[Config], bool]
+    keys: tuple[str, ...] = ()
+    problem: Callable[[str], str | None] | None = None
+
+
+def _spec_path(cfg: Config, resource_name: str) -> tuple[str, ...]:
+    if cdi_kind_problem(resource_name) is not None:
+        return ()  # no kind, no spec
+    return (os.path.join(cfg.cdi_spec_dir, cdi_spec_file(resource_name)),)
+
+
+def _spec_name_problem(path: str) -> str | None:
+    size = len(os.fsencode(os.path.basename(path)))
+    if size <= MAX_NAME_BYTES:
+        return None
+    return f"is a file name of {size} bytes, over the {MAX_NAME_BYTES} colad can write (NAME_MAX {NAME_MAX_BYTES})"
+
+
+def _cdi_on(cfg: Config) -> bool:
+    return cfg.cdi != "off" and bool(cfg.cdi_spec_dir)
+
+
+MAPPINGS: tuple[NameMapping, ...] = (
+    NameMapping(
+        "CDI kind",
+        "cdi kind",
+        (cdi_kind, cdi_kind_problem),
+        lambda cfg, name: () if cdi_kind_problem(name) else (cdi_kind(name),),
+        _cdi_on,
+        ("cdi",),
+    ),
+    NameMapping(
+        "CDI spec file",
+        "path",
+        (cdi_spec_file,),
+        _spec_path,
+        _cdi_on,
+        ("cdi", "cdi_spec_dir"),
+        _spec_name_problem,
+    ),
+    NameMapping(
+        "NFD label",
+        "nfd label",
+        (nfd_label_base, nfd_label_keys),
+        lambda cfg, name: nfd_label_keys(name, cfg.nfd_label_prefix),
+        lambda cfg: bool(cfg.nfd_features_file),
+        ("nfd_features_file", "nfd_label_prefix"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file, socket or directory colad writes at a path it takes from the config, not from a name.
+
+    `path` reads the one definition of that path (a Config property, or a key itself); `keys` are
+    the config keys it reads (not checked when one was refused). A directory may be shared with
+    another directory (files and sockets never); no directory may be a device directory and no file
+    an entry of one (discovery would list it as a device).
+    """
+
+    who: str  # in words, the key first: "run_dir (the queue socket)"
+    path: Callable[[Config], str]
+    keys: tuple[str, ...]
+    directory: bool = False
+    applies: Callable[[Config], bool] = lambda cfg: True
+
+
+# Every path colad writes that does not derive from a resource name (those are MAPPINGS' "path" space).
+# tests/unit/test_namemap.py fails when a Config path property or a join onto one of these
+# directories is not here.
+OUTPUTS: tuple[Output, ...] = (
+    Output("nfd_features_file", lambda cfg: cfg.nfd_features_file, ("nfd_features_file",)),
+    Output("run_dir", lambda cfg: cfg.run_dir, ("run_dir",), directory=True),
+    Output("run_dir (the state directory)", lambda cfg: os.path.dirname(cfg.plugin_state_file), ("run_dir",), True),
+    Output("run_dir (the queue socket)", lambda cfg: cfg.queue_socket, ("run_dir",)),
+    Output("run_dir (supervisord's socket)", lambda cfg: cfg.supervisor_socket, ("run_dir",)),
+    Output("run_dir (supervisord's config)", lambda cfg: cfg.supervisor_conf_file, ("run_dir",)),
+    Output("run_dir (supervisord's pid file)", lambda cfg: cfg.supervisor_pid_file, ("run_dir",)),
+    Output("run_dir (the plugin state file)", lambda cfg: cfg.plugin_state_file, ("run_dir",)),
+    Output("run_dir (the status socket)", lambda cfg: cfg.status_socket, ("run_dir",)),
+    Output("run_dir (the in-use state file)", lambda cfg: cfg.inuse_state_file, ("run_dir",)),
+    Output("run_dir (the plugin socket record)", lambda cfg: cfg.socket_record_file, ("run_dir",)),
+    Output("kubelet_dir (the plugin sockets)", lambda cfg: cfg.kubelet_dir, ("kubelet_dir",), directory=True),
+    Output("cdi_spec_dir", lambda cfg: cfg.cdi_spec_dir, ("cdi", "cdi_spec_dir"), True, _cdi_on),
+)
+
+
+def _where(path: str, directory: bool) -> str:
+    """Where `path` leads now (dirpath's rule): a directory resolved whole, a file by its parent."""
+    if directory:
+        return dirpath.resolve(path)
+    head, name = dirpath.entry(path)
+    return os.path.join(head, name)
+
+
+def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
+    """Problem texts for every two owners (configured resources, colad's own outputs) that one mapping,
+    or two of one space, would send to the same value; for every derived value that cannot be used;
+    and for every output of colad that discovery would list as a device. Paths are compared where
+    they lead now (colad.dirpath), a CDI spec file's case-folded too.
+    `refused`: config keys whose value was refused (entries that read them are left out)."""
+    owners: dict[tuple[str, str], tuple[str, str]] = {}  # (space, value compared) -> (who, value), in words
+    problems: list[str] = []
+    # Paths: (who, where it leads, as configured, directory?, a CDI spec file?)
+    paths: list[tuple[str, str, str, bool, bool]] = []
+    for out in OUTPUTS:
+        if not set(out.keys) & set(refused) and out.applies(cfg) and (path := out.path(cfg)):
+            paths.append((out.who, _where(path, out.directory), path, out.directory, False))
+    for mapping in MAPPINGS:
+        if set(mapping.keys) & set(refused) or not mapping.applies(cfg):
+            continue
+        for resource in cfg.resources:
+            who = f"resource {resource.name!r}"
+            for value in mapping.derive(cfg, resource.name):
+                if mapping.problem is not None and (why := mapping.problem(value)) is not None:
+                    problems.append(f"{who}: its {mapping.thing} {value!r} {why}")
+                    continue
+                if mapping.space == "path":
+                    paths.append((who, _where(value, False), value, False, True))
+                    continue
+                held, seen = owners.setdefault((mapping.space, value), (who, value))
+                if held != who:
+                    problems.append(f"{held} and {who} both map to the {mapping.thing} {value!r}")
+                    break  # one line per pair and mapping
+    problems.extend(_path_clashes(paths))
+    if not {"device_dir", "resources", "resource_name"} & set(refused):
+        problems.extend(_in_device_dirs(cfg, paths))
+    return problems
+
+
+# Paths are compared where they lead now (_where), and a CDI spec file also case-folded: a spec directory may fold
+# case (ext4 casefold, vfat, a container runtime's on another file system): "a.com/GPU" and "a.com/gpu"
+# would be one spec file there.
+def _path_clashes(paths: list[tuple[str, str, str, bool, bool]]) -> list[str]:
+    """Every pair of paths that lead to one file (two directories may be one), one line per pair."""
+    problems: list[str] = []
+    exact: dict[str, list[int]] = {}
+    folded: dict[str, list[int]] = {}
+    told: set[tuple[str, str]] = set()
+    for i, (who, real, _path, directory, spec) in enumerate(paths):
+        same = exact.setdefault(real, [])
+        near = folded.setdefault(real.casefold(), [])
+        for j in dict.fromkeys(same + [j for j in near if spec or paths[j][4]]):
+            held, seen, _, held_dir, _ = paths[j]
+            if held == who or (directory and held_dir) or (held, who) in told:
+                continue
+            told.add((held, who))
+            thing = "CDI spec file" if spec else "path"
+            folds = "" if seen == real else f" ({seen!r} where case is folded)"
+            problems.append(f"{held} and {who} both map to the {thing} {real!r}{folds}")
+        same.append(i)
+        near.append(i)
+    return problems
+
+
+def _in_device_dirs(cfg: Config, paths: list[tuple[str, str, str, bool, bool]]) -> list[str]:
+    """colad's outputs that discovery would list as devices: a directory of colad's that is a device
+    directory, or a file colad writes directly in one (discovery lists the regular files of a device
+    directory, not its subdirectories). One line per resource and output."""
+    problems: list[str] = []
+    for resource in cfg.resources:
+        device_dir = dirpath.resolve(resource.device_dir)
+        found = [(who, real) for who, real, _, directory, _ in paths if directory and real == device_dir]
+        if not found:  # else the files in that directory are found with it
+            found = [
+                (who, real)
+                for who, real, _, directory, spec in paths
+                if not (directory or spec) and device_dir in (real, os.path.dirname(real))
+            ]
+        for who, real in found:
+            if who in ("run_dir", "kubelet_dir (the plugin sockets)"):
+                continue  # config_checks.alias_problems refuses these already
+            problems.append(
+                f"{who} {real!r} is in the device directory {device_dir!r} of resource {resource.name!r},"
+                " where colad's own files would be listed as devices"
+            )
+    return problems
 
 
 def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:

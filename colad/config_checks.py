@@ -4,6 +4,7 @@ Each `*_problem` takes a converted value and returns the end of a problem text (
 prefixes the key, its source and the value) or None. They cover what the OS, gRPC,
 supervisord and the kubelet would refuse: paths and socket lengths, metrics addresses,
 a TOML file that would parse for seconds, directories that alias one another. No logging.
+The checks that read a whole Config are config.py's.
 """
 
 from __future__ import annotations
@@ -12,16 +13,11 @@ import ipaddress
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from colad import constants, dirpath
 from colad.device_rules import command_problem as devices_command_problem
 from colad.names import REPLICA_POLICIES
-
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
-
-if TYPE_CHECKING:  # config.py imports these checks; its Config is only a type here
-    from colad.config import Config
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Allocate's CDI answer (allocation.py): today's answer plus CDI names, CDI names alone, or none.
@@ -368,40 +364,4 @@ def alias_problems(dirs: Sequence[Named], own: Sequence[Named]) -> list[str]:
                     f"{key} ({source}): {show(path)} is also the {own_key} ({own_source}),"
                     " whose files are colad's own, not devices"
                 )
-    return problems
-
-
-def directory_problems(
-    cfg: Config, labels: list[str], sources: Mapping[str, str], file_source: str, failed: set[str]
-) -> list[str]:
-    """The device directories of `cfg` and colad's own ones, named for alias_problems.
-
-    `labels` names each of cfg.resource_tables by its index in the file; a key whose value
-    was refused (`failed`) is left out rather than compared as its default.
-    """
-    if cfg.resource_tables:
-        tables = zip(labels, cfg.resource_tables, strict=True)
-        dirs = [(f"{label}.device_dir", file_source, r.device_dir) for label, r in tables]
-    elif "device_dir" not in failed:
-        dirs = [("device_dir", sources.get("device_dir", "default"), cfg.device_dir)]
-    else:
-        dirs = []
-    own = [(k, sources.get(k, "default"), getattr(cfg, k)) for k in ("run_dir", "kubelet_dir") if k not in failed]
-    return alias_problems(dirs, own)
-
-
-def resource_name_problems(cfg: Config, sources: Mapping[str, str], failed: set[str]) -> list[str]:
-    """Settings a resource's name cannot carry: a CDI kind for cdi = "only", NFD label keys with the prefix."""
-    problems: list[str] = []
-    if failed & {"resource_name", "cdi", "nfd_label_prefix"} or not (cfg.cdi == "only" or cfg.nfd_features_file):
-        return problems
-    # Imported only for the settings that need them: the default config loads no device model.
-    from colad.namemap import cdi_kind_problem
-    from colad.nfd import label_problem
-
-    for resource in cfg.resources:
-        if cfg.cdi == "only" and (why := cdi_kind_problem(resource.name)) is not None:
-            problems.append(f"cdi ({sources.get('cdi', 'default')}): 'only' needs a CDI kind per resource: {why}")
-        if cfg.nfd_features_file and (why := label_problem(resource.name, cfg.nfd_label_prefix)) is not None:
-            problems.append(f"nfd_label_prefix ({sources.get('nfd_label_prefix', 'default')}): {why}")
     return problems

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from colad import cdi, devices, files, namemap, nfd
-from colad.config import Config, load
+from colad.config import MAPPINGS, OUTPUTS, Config, Output, load
 from colad.errors import ConfigError
 from colad.names import resource_name_problem
 
@@ -117,7 +117,7 @@ def test_names_that_meet_on_nothing_in_use_load(tmp_path: Path, names: list[str]
 
 def test_every_lossy_mapping_has_a_clash_in_the_table_and_the_kind_is_the_name() -> None:
     things = {p.values[2] for p in CLASHES}
-    assert {m.thing for m in namemap.MAPPINGS} - things == {"CDI kind"}
+    assert {m.thing for m in MAPPINGS} - things == {"CDI kind"}
     rng = random.Random(5)
     for _ in range(500):
         name = random_name(rng)
@@ -252,6 +252,7 @@ def test_device_id_mappings_are_one_to_one_over_ids_and_replica_ids() -> None:
 ELSEWHERE = {
     ("cdi.py", "path"): "joins cdi_spec_dir and namemap.cdi_spec_file",
     ("cdi.py", "marker"): "namemap.cdi_marker_name plus '=' and the ID",
+    ("config.py", "_spec_path"): "MAPPINGS' CDI spec file: joins cdi_spec_dir and namemap.cdi_spec_file",
     ("resource_scan.py", "key"): "namemap.cdi_device_name",
     ("devices.py", "base_id"): "the inverse of replica_id",
     ("devices.py", "replica_id"): "one-to-one: an ID never holds ':' (test_device_id_mappings_are_one_to_one...)",
@@ -278,30 +279,32 @@ def test_every_function_deriving_a_name_is_in_the_table_or_accounted_for() -> No
         if path.name != "namemap.py"
         for name in _deriving(ast.parse(path.read_text()))
     }
-    assert outside == set(ELSEWHERE), "a new derived name: give it a function and a Mapping in colad/namemap.py"
+    assert outside == set(ELSEWHERE), (
+        "a new derived name: give it a function in colad/namemap.py and a NameMapping in colad/config.py"
+    )
     inside = {
         name
         for name, fn in inspect.getmembers(namemap, inspect.isfunction)
-        if fn.__module__ == namemap.__name__ and not name.startswith("_") and name != "collisions"
+        if fn.__module__ == namemap.__name__ and not name.startswith("_")
     }
-    tabled = {fn.__name__ for m in namemap.MAPPINGS for fn in m.functions}
+    tabled = {fn.__name__ for m in MAPPINGS for fn in m.functions}
     tabled |= {fn.__name__ for fn in namemap.DEVICE_ID_MAPPINGS}
     assert inside == tabled
 
 
 # --- colad's own paths: every pair compared where it leads, none in a device directory -------------
 
-RUN_FILES = [o for o in namemap.OUTPUTS if o.keys == ("run_dir",) and not o.directory]
-OWN_DIRS = [o for o in namemap.OUTPUTS if o.directory]
+RUN_FILES = [o for o in OUTPUTS if o.keys == ("run_dir",) and not o.directory]
+OWN_DIRS = [o for o in OUTPUTS if o.directory]
 
 
-def own_path(root: Path, output: namemap.Output) -> str:
+def own_path(root: Path, output: Output) -> str:
     return output.path(Config(run_dir=f"{root}/run", kubelet_dir=f"{root}/k", cdi_spec_dir=f"{root}/cdi"))
 
 
 @pytest.mark.parametrize("output", RUN_FILES + OWN_DIRS, ids=lambda o: o.who)
 def test_the_nfd_file_on_any_path_colad_writes_is_refused_naming_both_keys_and_the_path(
-    tmp_path: Path, output: namemap.Output
+    tmp_path: Path, output: Output
 ) -> None:
     path = own_path(tmp_path, output)
     line = refusal(tmp_path, ["a.com/x"], f'nfd_features_file = "{path}"\n')
@@ -395,7 +398,6 @@ def test_outputs_that_share_a_directory_or_sit_below_a_device_directory_load(tmp
 JOINS_ELSEWHERE = {
     ("cdi.py", "os.path.join(self.spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
     ("cdi.py", "os.path.join(spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
-    ("namemap.py", "os.path.join(cfg.cdi_spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
     ("check.py", "os.path.join(kubelet_dir, n)"): "reads the kubelet directory",
     ("kubelet_sim.py", "os.path.join(self.cfg.kubelet_dir, request.endpoint)"): "the simulated kubelet dials",
     ("kubelet_watch.py", "os.path.join(where, constants.KUBELET_SOCKET_NAME)"): "the kubelet's socket, read",
@@ -410,11 +412,11 @@ def test_every_path_colad_writes_is_in_the_output_table() -> None:
     """A Config path property under one of colad's directories is an OUTPUTS entry, and no module
     joins a name onto such a directory itself (it would be a path `collisions` never sees)."""
     sample = Config(run_dir="/r/run", kubelet_dir="/r/k", cdi_spec_dir="/r/cdi", nfd_features_file="/r/nfd")
-    tabled = {o.path(sample) for o in namemap.OUTPUTS}
+    tabled = {o.path(sample) for o in OUTPUTS}
     for name, prop in inspect.getmembers(Config, lambda m: isinstance(m, property)):
         value = prop.fget(sample)
         if isinstance(value, str) and value.startswith("/r/") and name != "kubelet_socket":  # the kubelet's
-            assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/namemap.py"
+            assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/config.py"
     joins = {
         (path.name, ast.unparse(node))
         for path in sorted(COLAD.glob("*.py"))
