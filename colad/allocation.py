@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import TypeVar
 
-from colad import cdi, namemap
+from colad import namemap
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
+from colad.device_rules import cdi_device_name_problem
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
 
@@ -157,7 +158,7 @@ def answer(
 
 def _in_spec(resource_name: str, device: Device) -> bool:
     """Whether cdi.build puts `device` into the resource's spec, so its CDI name resolves."""
-    return namemap.cdi_kind_problem(resource_name) is None and cdi.name_problem(device.device_id) is None
+    return namemap.cdi_kind_problem(resource_name) is None and cdi_device_name_problem(device.device_id) is None
 
 
 def _merge(tables: Iterable[tuple[tuple[str, str], ...]]) -> dict[str, str]:

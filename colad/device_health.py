@@ -19,6 +19,7 @@ import pyinotify
 
 from colad import cdi, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config
+from colad.device_rules import cdi_device_name_problem
 from colad.devices import Device
 from colad.probes import PENDING, ProbeRunner
 from colad.queue_client import StatsReporter
@@ -238,7 +239,7 @@ class HealthOutputs:
         if rw.resource.replicas > 1 or namemap.cdi_kind_problem(rw.resource.name) is not None:
             return  # a replica ID "<id>::<n>" ends in a digit; a resource that is no CDI kind has no spec
         for device_id in added:
-            if (problem := cdi.name_problem(device_id)) is not None:
+            if (problem := cdi_device_name_problem(device_id)) is not None:
                 LOG.warning(
                     "device left out of the CDI spec: Allocate gives it the classic answer",
                     resource=rw.resource.name,

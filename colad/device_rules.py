@@ -110,6 +110,13 @@ def command_problem(command: tuple[str, ...]) -> str | None:
     return None
 
 
+def cdi_device_name_problem(device_id: str) -> str | None:
+    """Why an advertised ID cannot be a CDI device name (IDs may end in . _ -, CDI names not)."""
+    if CDI_DEVICE_NAME.match(device_id):
+        return None
+    return "not a CDI device name: it must end with a letter or digit"
+
+
 def cdi_name_problem(name: str) -> str | None:
     """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
     qualifier, _, device = name.partition("=")

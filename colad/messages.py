@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
-from colad.config import resource_name_problem
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
 from colad.errors import MessageError
+from colad.names import resource_name_problem
 from colad.wire_json import dumps
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time

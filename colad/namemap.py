@@ -54,7 +54,8 @@ def cdi_spec_file(resource_name: str) -> str:
 
 def cdi_device_name(resource_name: str, device_id: str) -> str:
     """The fully qualified CDI name of an advertised ID, as Allocate answers it: the ID itself after '=',
-    never rewritten, so two IDs never share a name (an ID that is no CDI name gets none: cdi.name_problem)."""
+    never rewritten, so two IDs never share a name (an ID that is no CDI name gets none:
+    device_rules.cdi_device_name_problem)."""
     return f"{cdi_kind(resource_name)}={device_id}"
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from colad import cdi, namemap
+from colad import cdi, device_rules, namemap
 from colad.devicefile import parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, device_problem, replicate
 
@@ -62,7 +62,7 @@ def _check(validator: Any, spec: cdi.Spec) -> None:
     names = [d["name"] for d in document["devices"]]
     assert len(names) == len(set(names)) and names
     for device in document["devices"]:
-        assert cdi.name_problem(device["name"]) is None
+        assert device_rules.cdi_device_name_problem(device["name"]) is None
         edits = device["containerEdits"]
         # podman 4.3 refuses the whole spec when one device has empty edits.
         assert edits.get("env") or edits.get("deviceNodes") or edits.get("mounts")
@@ -277,7 +277,7 @@ def test_random_device_sets_validate(validator: Any) -> None:
         devices = [d for d in devices if device_problem(d) is None]
         device_set = replicate(DeviceSet.of(devices), rng.choice([1, 1, 2, 3]))
         spec = cdi.build(RESOURCE, device_set)
-        carried = [d.device_id for d in device_set if cdi.name_problem(d.device_id) is None]
+        carried = [d.device_id for d in device_set if device_rules.cdi_device_name_problem(d.device_id) is None]
         if spec is None:
             assert carried == []
             continue
