@@ -1,0 +1,149 @@
+"""Import rules of colad, read from source (graph.py): every import counts, lazy and TYPE_CHECKING ones too.
+
+- No import cycle among colad's modules.
+- The pure core imports only itself and pure parts of the standard library: no I/O, threads,
+  clock or logging, so its rules can be tested and reused without a process around them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.architecture.graph import Graph, find_cycle, imports_outside, scan, strongly_connected
+
+pytestmark = pytest.mark.unit
+COLAD = Path(__file__).resolve().parents[2] / "colad"
+
+# The pure core: the device model and the device-file rules, names and limits, allocation and
+# registration rules, the in-use view, file-owner trust. Left out though pure in their imports:
+# messages, device_wire, wire_json, snapshots (the queue protocol, a layer of its own).
+# Left out as not pure: procid (reads /proc, the clock), plugin_health (reads statefile's
+# PluginState, whose module writes the state file).
+PURE_CORE = (
+    "colad.allocation",
+    "colad.constants",
+    "colad.device_rules",
+    "colad.devices",
+    "colad.errors",
+    "colad.inuse",
+    "colad.namemap",
+    "colad.names",
+    "colad.registration",
+    "colad.trust",
+)
+# Standard-library modules without I/O, threads, clock or logging. posixpath is here for its
+# string functions (normpath); its file-system ones (exists, realpath) would not be pure.
+PURE_STDLIB = (
+    "__future__",
+    "bisect",
+    "collections",
+    "dataclasses",
+    "enum",
+    "functools",
+    "hashlib",
+    "heapq",
+    "ipaddress",
+    "itertools",
+    "json",
+    "math",
+    "operator",
+    "posixpath",
+    "re",
+    "stat",
+    "string",
+    "typing",
+)
+
+
+def cycle_problems(graph: Graph) -> list[str]:
+    """One line per group of modules that import each other: the group and one cycle path in it."""
+    problems = []
+    for group in sorted(strongly_connected(graph.edges()), key=sorted):
+        path = find_cycle({m: graph.internal(m) & group for m in group})
+        assert path is not None
+        steps = " -> ".join(f"{a} (line {graph.line_of(a, b)})" for a, b in zip(path, path[1:], strict=False))
+        problems.append(f"{steps} -> {path[-1]}")
+    return problems
+
+
+def purity_problems(graph: Graph, pure: tuple[str, ...], allowed: tuple[str, ...] = PURE_STDLIB) -> list[str]:
+    missing = [f"{m} is declared pure but does not exist" for m in pure if m not in graph.imports]
+    return missing or imports_outside(graph, pure, allowed)
+
+
+def test_colad_has_no_import_cycle() -> None:
+    assert cycle_problems(scan(COLAD)) == []
+
+
+def test_the_pure_core_imports_only_itself_and_pure_standard_library() -> None:
+    assert purity_problems(scan(COLAD), PURE_CORE) == []
+
+
+# --- each rule fails on a seeded violation -------------------------------------------------------
+
+
+def package(root: Path, files: dict[str, str]) -> Path:
+    """A package `pkg` under `root` with these modules (name -> source)."""
+    pkg = root / "pkg"
+    for name, source in {"__init__": "", **files}.items():
+        path = pkg / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return pkg
+
+
+def test_a_cycle_through_lazy_and_type_checking_imports_is_reported_with_its_path(tmp_path: Path) -> None:
+    pkg = package(
+        tmp_path,
+        {
+            "a": "from pkg import b\n",
+            "b": "import importlib\n\n\ndef f():\n    return importlib.import_module('pkg.c').thing\n",
+            "c": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from pkg.a import Model\nthing = 1\n",
+            "d": "import pkg.a\n",  # imports into the cycle, not part of it
+            "e": "def g():\n    from pkg.f import x\n    return x\n",
+            "f": "from pkg import e\n\nx = 1\n",
+        },
+    )
+    assert cycle_problems(scan(pkg)) == [
+        "pkg.a (line 1) -> pkg.b (line 5) -> pkg.c (line 3) -> pkg.a",
+        "pkg.e (line 2) -> pkg.f (line 1) -> pkg.e",
+    ]
+
+
+def test_relative_imports_and_sub_packages_are_resolved(tmp_path: Path) -> None:
+    pkg = package(
+        tmp_path,
+        {
+            "core.__init__": "",
+            "core.model": "from . import rules\n",
+            "core.rules": "from ..shell import run\n",
+            "shell": "from pkg.core.model import Model\nfrom pkg import VERSION\n",
+        },
+    )
+    graph = scan(pkg)
+    assert graph.internal("pkg.core.model") == {"pkg.core.rules"}
+    assert graph.internal("pkg.core.rules") == {"pkg.shell"}
+    assert graph.internal("pkg.shell") == {"pkg.core.model", "pkg"}
+    assert cycle_problems(graph) == [
+        "pkg.core.model (line 1) -> pkg.core.rules (line 1) -> pkg.shell (line 1) -> pkg.core.model"
+    ]
+
+
+def test_a_pure_module_importing_os_lazily_or_a_shell_module_is_reported(tmp_path: Path) -> None:
+    pkg = package(
+        tmp_path,
+        {
+            "model": "import re\nfrom dataclasses import dataclass\nfrom pkg import rules\n",
+            "rules": "def size(path):\n    import os\n\n    return os.stat(path).st_size\n",
+            "naming": "from collections.abc import Callable\nfrom pkg.shell import log\n",
+            "shell": "import logging\nlog = logging.getLogger()\n",
+        },
+    )
+    graph = scan(pkg)
+    assert purity_problems(graph, ("pkg.model", "pkg.rules", "pkg.naming")) == [
+        "pkg.naming:2 imports pkg.shell",
+        "pkg.rules:2 imports os",
+    ]
+    assert purity_problems(graph, ("pkg.model", "pkg.gone")) == ["pkg.gone is declared pure but does not exist"]
