@@ -69,9 +69,16 @@ RESTART_ONLY = (
 )
 # The keys of the single resource described by top-level keys; a [[resources]] list replaces them.
 SINGLE_RESOURCE_KEYS = (
-    "resource_name", "device_dir", "replicas", "replica_policy",
-    "probe", "probe_timeout", "probe_interval", "prepare", "prepare_timeout",
-)  # fmt: skip
+    "resource_name",
+    "device_dir",
+    "replicas",
+    "replica_policy",
+    "probe",
+    "probe_timeout",
+    "probe_interval",
+    "prepare",
+    "prepare_timeout",
+)
 # Prepare: well below the kubelet's 30 s PreStartContainer deadline, so a hung command is answered.
 DEFAULT_PROBE_TIMEOUT, DEFAULT_PROBE_INTERVAL, DEFAULT_PREPARE_TIMEOUT = 5.0, 30.0, 10.0
 
@@ -162,10 +169,17 @@ class Config:
             return self.resource_tables
         return (
             Resource(
-                self.resource_name, self.device_dir, self.replicas, self.replica_policy,
-                self.probe, self.probe_timeout, self.probe_interval, self.prepare, self.prepare_timeout,
+                self.resource_name,
+                self.device_dir,
+                self.replicas,
+                self.replica_policy,
+                self.probe,
+                self.probe_timeout,
+                self.probe_interval,
+                self.prepare,
+                self.prepare_timeout,
             ),
-        )  # fmt: skip
+        )
 
     @property
     def trusted_uids(self) -> frozenset[int]:

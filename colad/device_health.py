@@ -171,9 +171,12 @@ class HealthOutputs:
     trim_due: bool
 
     def rescan(
-        self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
+        self,
+        reason: str,
+        watches: Iterable[ResourceWatch] | None = None,
+        dirty: dict[str, set[str]] | None = None,
         whole: Iterable[str] = ("*",),
-    ) -> None:  # fmt: skip
+    ) -> None:
         raise NotImplementedError  # Discovery.rescan
 
     def _health_step(self) -> None:

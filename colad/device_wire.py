@@ -37,9 +37,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "DIGEST_MOD", "DeviceSet", "device_entry", "device_from_wire", "device_hash", "device_to_wire",
-    "device_wire_size", "devices_from_wire", "id_problem", "moved_digest", "set_digest",
-]  # fmt: skip
+    "DIGEST_MOD",
+    "DeviceSet",
+    "device_entry",
+    "device_from_wire",
+    "device_hash",
+    "device_to_wire",
+    "device_wire_size",
+    "devices_from_wire",
+    "id_problem",
+    "moved_digest",
+    "set_digest",
+]
 DIGEST_MOD = 1 << 64  # set_digest() is a sum of 64-bit device hashes
 
 

@@ -301,9 +301,12 @@ class QueueServer:
             self.on_message(message, conn.peer)
         except Exception as exc:  # the callback's fault, not the peer's: name the message, keep the peer
             LOG.error(
-                "queue message not handled", type=message.type, seq=message.seq, peer_pid=conn.peer.pid,
+                "queue message not handled",
+                type=message.type,
+                seq=message.seq,
+                peer_pid=conn.peer.pid,
                 error=repr(exc),
-            )  # fmt: skip
+            )
             self.on_reject("handler_error")
         return True
 

@@ -28,9 +28,14 @@ RESOURCE = "example.com/cola"
 BASE = "example.com-cola"
 # Every way a name in features.d can come to hold new bytes (reads left out: the hammer's own).
 WRITES = (
-    pyinotify.IN_CREATE | pyinotify.IN_MODIFY | pyinotify.IN_CLOSE_WRITE | pyinotify.IN_ATTRIB
-    | pyinotify.IN_MOVED_TO | pyinotify.IN_MOVED_FROM | pyinotify.IN_DELETE
-)  # fmt: skip
+    pyinotify.IN_CREATE
+    | pyinotify.IN_MODIFY
+    | pyinotify.IN_CLOSE_WRITE
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_DELETE
+)
 
 
 class Hammer:

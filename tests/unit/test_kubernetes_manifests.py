@@ -48,9 +48,30 @@ REQUEST_MARGIN = 1.3  # the request is the working set plus 30 %
 # The part of prometheus-operator's PodMonitor CRD (monitoring.coreos.com_podmonitors.yaml, v1) these
 # manifests use, closed with additionalProperties: false so a misspelt field fails.
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
-RELABEL_ACTIONS = ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
-                   "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
-                   "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]  # fmt: skip
+RELABEL_ACTIONS = [
+    "replace",
+    "Replace",
+    "keep",
+    "Keep",
+    "drop",
+    "Drop",
+    "hashmod",
+    "HashMod",
+    "labelmap",
+    "LabelMap",
+    "labeldrop",
+    "LabelDrop",
+    "labelkeep",
+    "LabelKeep",
+    "lowercase",
+    "Lowercase",
+    "uppercase",
+    "Uppercase",
+    "keepequal",
+    "KeepEqual",
+    "dropequal",
+    "DropEqual",
+]
 STRINGS = {"type": "array", "items": {"type": "string"}}
 POD_MONITOR_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -125,7 +125,15 @@ def test_the_plugin_loads_no_prometheus_client_http_server_or_prepare_before_reg
     modules = loaded("colad.plugin", tmp_path)
     assert "colad.plugin" in modules and "grpc" in modules
     unwanted = (
-        "prometheus_client", "colad.collectors", "colad.httpserver", "wsgiref", "http.server", "colad.status",
-        "xmlrpc.client", "colad.podresources", "colad.prestart", "colad.probes",
-    )  # fmt: skip
+        "prometheus_client",
+        "colad.collectors",
+        "colad.httpserver",
+        "wsgiref",
+        "http.server",
+        "colad.status",
+        "xmlrpc.client",
+        "colad.podresources",
+        "colad.prestart",
+        "colad.probes",
+    )
     assert sorted(m for m in unwanted if m in modules) == []
