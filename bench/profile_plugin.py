@@ -121,7 +121,7 @@ class Kubelet:
 def sender_main(queue_socket: str, count: int) -> None:
     try:
         from colad.queue_client import QueueClient
-    except ImportError:  # before queue.py was split
+    except ImportError:  # a tree whose colad.queue holds the client
         from colad.queue import QueueClient  # type: ignore[attr-defined,no-redef]
     from colad.devices import Device, DeviceSet
     from colad.messages import DeviceSnapshot

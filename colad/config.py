@@ -46,7 +46,7 @@ from colad.errors import ConfigError
 from colad.namemap import collisions
 from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 

@@ -18,13 +18,13 @@ from colad import constants, dirpath
 from colad.device_rules import command_problem as devices_command_problem
 from colad.names import REPLICA_POLICIES
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 
 if TYPE_CHECKING:  # config.py imports these checks; its Config is only a type here
     from colad.config import Config
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# Allocate's CDI answer (allocation.py): today's answer plus CDI names, CDI names alone, or none.
+# Allocate's CDI answer (allocation.py): the classic answer plus CDI names, CDI names alone, or none.
 CDI_MODES = ("both", "only", "off")
 # The kubelet gives PreStartContainer 30 s (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/constants.go
 # KubeletPreStartContainerRPCTimeoutInSecs); colad's own deadline must end first, so the kubelet

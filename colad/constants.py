@@ -5,7 +5,7 @@ Every upstream value names the file it was read from. Nothing here does I/O.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Final
 

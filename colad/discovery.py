@@ -358,7 +358,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     def timeout(self) -> float:
         if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:
             return 0.0
-        # One pass, no lists: it runs every turn (cProfile: 4 % of a one-file change's turn as lists).
+        # One pass, no lists: it runs every turn (lists would be 4 % of a one-file change's turn).
         soonest = self.next_rescan
         for rw in self.watches.values():
             if rw.follow_up is not None and rw.follow_up < soonest:

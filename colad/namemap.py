@@ -19,7 +19,7 @@ from colad import dirpath
 from colad.device_rules import CDI_CLASS, CDI_VENDOR
 from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB; no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from typing import Final

@@ -460,7 +460,7 @@ class Plugin:
             while not isinstance(event := self._next_event(), ev.StopRequested):
                 try:
                     if event is None:
-                        if self.on_timer():  # else only the state file was due (#14: a publish less per change)
+                        if self.on_timer():  # else only the state file was due: no publish
                             self.publish()
                     else:
                         self.handle(event)

@@ -114,7 +114,7 @@ def healthz(address: str) -> tuple[bool, str]:
 
 
 def _shape(text: str) -> str:
-    return re.sub(r"\d+", "N", text)  # "silent for 14s" and "for 15s" are the same finding
+    return re.sub(r"\d+", "N", text)  # "silent for 14s" and "for 15s" are the same problem
 
 
 def observe(colad: ColadService, address: str) -> tuple[tuple[bool, str], tuple[int, str, bool]]:

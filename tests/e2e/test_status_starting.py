@@ -1,4 +1,4 @@
-"""`colad status` while supervisord still reports STARTING (issue 15 item 6), under the real supervisord.
+"""`colad status` while supervisord still reports STARTING, under the real supervisord.
 
 The roles get a long startsecs (a copy of the shipped template), so the window is wide enough to
 look at: before colad could register, status exits 4 ("waiting", not degraded); once registered

@@ -286,7 +286,7 @@ def test_stop_tells_the_kubelet_the_devices_are_gone(short_tmp: Path, kubelet: F
 
 
 def test_the_start_waker_wakes_supervisord_once_and_is_reaped(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """`colad supervise` forks a waker that ends supervisord's idle first poll (issue 14, cold start).
+    """`colad supervise` forks a waker that ends supervisord's idle first poll (cold start).
 
     It connects once when supervisord's pid file names it, logs one line, and exits 0; supervisord,
     its parent after the exec, reaps it: no process of it is left.

@@ -1,4 +1,4 @@
-"""Discovery's NFD feature file, end to end in-process: real inotify, a real QueueServer (issue 15).
+"""Discovery's NFD feature file, end to end in-process: real inotify, a real QueueServer.
 
 The file is written at start, rewritten on every change of the counts, and only ever replaced
 whole: a reader hammering it never sees a part, and the kernel reports the name only as a

@@ -32,7 +32,7 @@ DS_REF = "${datasource}"
 # Labels Prometheus adds to every scraped series, and the histogram bucket label.
 TARGET_LABELS = {"instance", "job", "le", "__name__"}
 
-# What the issue asks the dashboard to show: each must appear in some panel's query.
+# What the dashboard must show: each must appear in some panel's query.
 REQUIRED_METRICS = {
     "colad_devices",
     "colad_allocate_requests_total",

@@ -1,4 +1,4 @@
-"""packaging/kubernetes/: the manifests validate against a pinned Kubernetes schema and keep what the issue requires.
+"""packaging/kubernetes/: the manifests validate against a pinned Kubernetes schema and keep what colad needs.
 
 kubernetes-validate (bundled JSON schemas, works offline) checks every built-in object in strict mode,
 which rejects unknown fields. The PodMonitor is a prometheus-operator CRD that it has no schema for: it is
@@ -41,8 +41,8 @@ KUBELET_DIRS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resourc
 RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 # Measured in the container's memory cgroup by bench/image_memory.py (README.md beside the manifests): the
 # working set with 10,000 devices, and the peak after a 10,000-file burst.
-MEASURED_WORKING_SET_MIB = 72.2  # issue 14, fifth round (was 79.2, then 100 before the fourth)
-MEASURED_PEAK_MIB = 78.4  # (was 84.3, then 106)
+MEASURED_WORKING_SET_MIB = 72.2
+MEASURED_PEAK_MIB = 78.4
 REQUEST_MARGIN = 1.3  # the request is the working set plus 30 %
 
 # The part of prometheus-operator's PodMonitor CRD (monitoring.coreos.com_podmonitors.yaml, v1) these

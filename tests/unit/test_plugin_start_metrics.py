@@ -1,4 +1,4 @@
-"""Metrics count before their registry exists (issue 14, cold start): nothing counted early is lost.
+"""Metrics count before their registry exists (cold start): nothing counted early is lost.
 
 The plugin builds prometheus_client's registry after its first Register; until then each family keeps
 what it counted. Property: whatever sequence of counts, observations, series made and removed, and

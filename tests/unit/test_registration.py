@@ -1,6 +1,6 @@
 """Unit tests for colad.registration: the life cycle as a table of (state, event) -> (state, effects).
 
-Each row names the edge and, where an end-to-end or chaos test (or a soak) found it, where.
+Each row names the edge and, where an end-to-end or chaos test covers it as well, that test.
 States are built from a few named fixtures below; `now` is 100.0 unless a row says otherwise.
 """
 
@@ -240,7 +240,7 @@ CASES = [
         id="register-refused-backs-off-on-the-same-socket",
     ),
     pytest.param(
-        # soak finding (4fb0048, test_a_register_the_kubelet_carries_out_late_never_leaves_two_streams)
+        # a Register the kubelet carries out after its deadline (tests/e2e/test_plugin_contract.py)
         REGISTERING,
         RegisterDone(1, "DEADLINE_EXCEEDED: Deadline Exceeded", late=True),
         replace(
