@@ -5,7 +5,7 @@ do: `discovery` watches the device directory and sends the sorted names, whole, 
 Unix stream socket (4-byte length, JSON); `kubelet-watch` watches the kubelet directory and sends a
 line when kubelet.sock is created; `plugin` listens on that socket, one thread reading it, and serves
 gRPC as the baseline does. No supervisord, no delta, no state file, no log line per change, no health,
-no CDI, no metrics: what the split alone costs (#14). Started as three processes by bench.subjects.Split.
+no CDI, no metrics: what the split alone costs. Started as three processes by bench.subjects.Split.
 With SPLIT_CARD_IMPORTS=1 in the environment each role also loads what the design card and the house style
 make every colad role load whatever its code: `dataclasses` (a typed config, STYLE.md) and, in the plugin
 once it has registered (as colad's plugin loads them), `prometheus_client` with a counter and a histogram

@@ -141,7 +141,7 @@ def check(results: dict[str, Any]) -> list[Verdict]:
     idle = _idle(colad, baseline)
     imported = {role: mods for role, mods in results["imports"].items() if role != "plugin" and mods}
     return [
-        # The targets of issue 14, each as a ratio to the baseline of the same run or as a size.
+        # The cost targets, each as a ratio to the baseline of the same run or as a size.
         _ratio(
             "10,000 devices: one more change p50 vs baseline",
             colad,
@@ -160,7 +160,7 @@ def check(results: dict[str, Any]) -> list[Verdict]:
         _bursts(colad, baseline),
         _ratio("Allocate p99, sequential, vs baseline", colad, baseline, "allocate_sequential.p99_ms", 1.2),
         _ratio("Allocate p99, 16 callers, vs baseline", colad, baseline, "allocate_concurrent.p99_ms", 1.2),
-        # Earlier budgets that still hold.
+        # Absolute budgets.
         _absolute("change propagation p99", _at(colad, "propagation.p99_ms"), 5.0, " ms"),
         _absolute(
             "re-registration p99 (kubelet.sock -> Register answer)", _at(colad, "reregistration.p99_ms"), 50.0, " ms"

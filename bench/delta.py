@@ -165,8 +165,10 @@ def main(argv: list[str]) -> int:
     counts = [int(a) for a in argv] or [1_000, 10_000, 50_000]
     rows = [measure(n) for n in counts]
     for key in rows[0]:
-        print(f"{key:>24}" + "".join(f"{row[key]:>12.3f}" if isinstance(row[key], float) else f"{row[key]:>12}"
-                                     for row in rows))  # fmt: skip
+        print(
+            f"{key:>24}"
+            + "".join(f"{row[key]:>12.3f}" if isinstance(row[key], float) else f"{row[key]:>12}" for row in rows)
+        )
     return 0
 
 

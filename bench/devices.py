@@ -1,4 +1,4 @@
-"""Cost of the device model (issue 7): device files with content, the snapshot, preferred allocation.
+"""Cost of the device model: device files with content, the snapshot, preferred allocation.
 
 Prints figures, not verdicts: `python -m bench.devices`. Everything runs in this process on real files
 in a temporary directory (no colad processes), so the figures isolate discovery's scan and the pure core.

@@ -1,4 +1,4 @@
-"""Memory of the colad pod where the kubelet measures it: the container's memory cgroup (issue 16).
+"""Memory of the colad pod where the kubelet measures it: the container's memory cgroup.
 
 Runs the image as the DaemonSet does (tests/image.py PodRun, so the same limits and mounts) against the
 fake kubelet, with 10 and with 10,000 device files, and prints the cgroup v1 figures podman's cgroupfs

@@ -1,4 +1,4 @@
-"""Where colad's cold start goes: a timeline per run, from the colad log and the fake kubelet (issue 14).
+"""Where colad's cold start goes: a timeline per run, from the colad log and the fake kubelet.
 
 Starts `colad supervise` as bench/measure.py's cold start does (bench.subjects.Colad, its fake
 kubelet) and puts every step on one clock, in ms after the spawn: supervisord up and woken, each

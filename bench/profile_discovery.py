@@ -35,10 +35,13 @@ def config(root: str, nfd: bool) -> Any:
     from colad.config import Config
 
     values = {
-        "device_dir": f"{root}/colas", "kubelet_dir": f"{root}/kubelet", "run_dir": f"{root}/run",
-        "cdi_spec_dir": f"{root}/cdi", "rescan_interval": 3600.0,
+        "device_dir": f"{root}/colas",
+        "kubelet_dir": f"{root}/kubelet",
+        "run_dir": f"{root}/run",
+        "cdi_spec_dir": f"{root}/cdi",
+        "rescan_interval": 3600.0,
         "nfd_features_file": f"{root}/features.d/colad" if nfd else "",
-    }  # fmt: skip
+    }
     known = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in values.items() if k in known})  # type: ignore[arg-type]
 

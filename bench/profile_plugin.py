@@ -77,8 +77,12 @@ class Kubelet:
         env = {**os.environ, "PYTHONPATH": str(REPO)}  # the fake kubelet of this checkout for every tree
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE), "--kubelet", plugin_dir],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         self.cond = threading.Condition()
         self.lines: list[list[str]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -117,7 +121,7 @@ class Kubelet:
 def sender_main(queue_socket: str, count: int) -> None:
     try:
         from colad.queue_client import QueueClient
-    except ImportError:  # before queue.py was split
+    except ImportError:  # a tree whose colad.queue holds the client
         from colad.queue import QueueClient  # type: ignore[attr-defined,no-redef]
     from colad.devices import Device, DeviceSet
     from colad.messages import DeviceSnapshot
@@ -163,10 +167,16 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
 
     log.setup("plugin", "INFO")
     values = {
-        "device_dir": f"{root}/colas", "kubelet_dir": f"{root}/kubelet", "run_dir": f"{root}/run",
-        "cdi_spec_dir": f"{root}/cdi", "metrics_address": "127.0.0.1:0", "pod_resources_socket": "",
-        "rescan_interval": 3600.0, "cdi": "off", "host_path_check": False,
-    }  # fmt: skip
+        "device_dir": f"{root}/colas",
+        "kubelet_dir": f"{root}/kubelet",
+        "run_dir": f"{root}/run",
+        "cdi_spec_dir": f"{root}/cdi",
+        "metrics_address": "127.0.0.1:0",
+        "pod_resources_socket": "",
+        "rescan_interval": 3600.0,
+        "cdi": "off",
+        "host_path_check": False,
+    }
     known = {f.name for f in dataclasses.fields(Config)}
     cfg = Config(**{k: v for k, v in values.items() if k in known})  # type: ignore[arg-type]
     peer = Peer(os.getpid(), 0, 0)
@@ -208,8 +218,9 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
     if phase == "start":
         results = {
             "cpu_ms": (time.process_time() - cpu0) * 1000,
-            "registered_ms": (float(reg[1]) - started) * 1000, "full_list_ms": (float(upd[1]) - started) * 1000,
-        }  # fmt: skip
+            "registered_ms": (float(reg[1]) - started) * 1000,
+            "full_list_ms": (float(upd[1]) - started) * 1000,
+        }
     time.sleep(1.0)  # the start's follow-up work is not the phase's
     if spy is not None:
         spy.stop()
@@ -231,7 +242,9 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         for n in range(20):
             kubelet.send("restart")
             at, line = kubelet.wait(at, "started")
-            plugin._on_message(KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer)  # fmt: skip # noqa: E501
+            plugin._on_message(
+                KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer
+            )
             at, reg = kubelet.wait(at, "reg")
             at, upd = kubelet.wait(at, "upd", len(held))
             latencies.append(float(reg[1]) - float(line[1]))

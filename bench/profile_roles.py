@@ -63,9 +63,13 @@ def start(tree: Path, role: str, root: Path) -> tuple[subprocess.Popen[bytes], f
     (root / "colad.toml").write_text("# comments only, as the shipped sample\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
     env.update(
-        PYTHONPATH=str(tree), COLAD_CONFIG=str(root / "colad.toml"), COLAD_DEVICE_DIR=str(root / "colas"),
-        COLAD_KUBELET_DIR=str(root / "kubelet"), COLAD_RUN_DIR=str(root / "run"), COLAD_CDI_SPEC_DIR=str(root / "cdi"),
-    )  # fmt: skip
+        PYTHONPATH=str(tree),
+        COLAD_CONFIG=str(root / "colad.toml"),
+        COLAD_DEVICE_DIR=str(root / "colas"),
+        COLAD_KUBELET_DIR=str(root / "kubelet"),
+        COLAD_RUN_DIR=str(root / "run"),
+        COLAD_CDI_SPEC_DIR=str(root / "cdi"),
+    )
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "colad", role], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

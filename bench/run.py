@@ -255,9 +255,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="interpreter both plugins run on (default: this one); /usr/bin/python3 runs them on Debian's packages",
     )
     parser.add_argument(
-        "--colad-env", action="append", default=[], metavar="NAME=VALUE",
+        "--colad-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="an environment variable for colad's processes, e.g. COLAD_CDI=off to compare with a tree before CDI",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     bad = [item for item in args.colad_env if "=" not in item or not item.split("=", 1)[0]]

@@ -1,7 +1,7 @@
 """`python -m colad`: the same entry point as the `colad` console script, and how supervisord starts the roles.
 
 Its first instruction blocks SIGHUP, SIGTERM and SIGINT, before the imports and the config load that take
-time: a `colad reload` or a stop in a role's first second must not kill it (issue 12, finding 8). Roles
+time: a `colad reload` or a stop in a role's first second must not kill it. Roles
 keep them blocked and take them when ready (the plugin with sigwait, the watchers' SignalWaker unblocks
 after installing its handlers); every other command gets them back before it runs.
 """

@@ -38,7 +38,7 @@ class DeviceBroadcast:
             if devices is self._devices:
                 return False
             visible = encoded_list(devices) != encoded_list(self._devices)  # cached on each set
-            # A set the kubelet sees differently is a change: no O(devices) __eq__ for it (py-spy, #14).
+            # A set the kubelet sees differently is a change: no O(devices) __eq__ for it.
             if not visible and devices == self._devices:
                 return False
             self._devices = devices

@@ -25,7 +25,7 @@ from colad.device_rules import cdi_device_name_problem
 from colad.devices import Device, DeviceSet, SkippedName, replicas_of
 from colad.namemap import cdi_kind, cdi_kind_problem, cdi_marker_name, cdi_spec_file
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 
@@ -93,7 +93,7 @@ def edits(device: Device) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1 << 17)
 def _entry(device: Device) -> dict[str, Any] | SkippedName:
     """One device's spec entry, kept: discovery builds the whole spec on every change, and most
-    devices did not change (the escaping alone was 3 us a device). Read-only to callers."""
+    devices did not change (the escaping alone costs 3 us a device). Read-only to callers."""
     problem = cdi_device_name_problem(device.device_id)
     if problem is not None:
         return SkippedName(device.device_id, problem)
@@ -108,7 +108,7 @@ _DIGIT_LEVEL = VERSIONS.index("0.5.0")
 def _encoded(device: Device) -> bytes | tuple[bytes, int] | SkippedName:
     """`_entry(device)` as the spec's bytes carry it: the bytes alone when the entry needs no version
     beyond its name's (every marker-only device), else with the index in VERSIONS it needs. Bytes, not
-    a (str, level) tuple: 112 bytes a device kept, not 192 (#14); the spec is joined without a copy."""
+    a (str, level) tuple: 112 bytes a device kept, not 192; the spec is joined without a copy."""
     # getattr, never __dict__: reading a 3.11 instance's __dict__ makes it a real dict (64 bytes a device).
     cached: bytes | tuple[bytes, int] | SkippedName | None = getattr(device, _ENCODED, None)
     if cached is None:
@@ -144,7 +144,7 @@ def same_entry(a: Device, b: Device) -> bool:
 def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes | None:
     """build(resource_name, replicate(physical, replicas)).encode(), byte for byte (None: no spec),
     joined from the entries kept on each device: only a device not seen before is encoded
-    (the whole spec's json.dumps was 36 ms at 10,000 devices, on every change)."""
+    (the whole spec's json.dumps would cost 36 ms at 10,000 devices, on every change)."""
     kind = _kind(resource_name)
     if kind is None:
         return None
@@ -261,8 +261,8 @@ class SpecWriter:
 
 def holds(path: str, data: bytes) -> bool:
     """Does the regular file `path` hold exactly `data`? The file is the record of what was written,
-    not a copy of its bytes in memory (650 KiB at 10,000 devices, #14): a change almost always moves
-    the size (one stat, as the check it replaces); an equal size is read back (0.1 ms on tmpfs)."""
+    not a copy of its bytes in memory (650 KiB at 10,000 devices): a change almost always moves
+    the size (one stat); an equal size is read back (0.1 ms on tmpfs)."""
     try:
         if os.stat(path).st_size != len(data):
             return False

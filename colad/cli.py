@@ -14,7 +14,7 @@ from colad import __version__
 from colad import config as config_mod
 from colad.errors import ConfigError
 
-TYPE_CHECKING = False  # as in config.py: typing is not imported at run time (#14)
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     import argparse
 

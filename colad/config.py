@@ -47,7 +47,7 @@ from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 from colad.namemap import cdi_kind, cdi_kind_problem, cdi_spec_file, nfd_label_base, nfd_label_keys
 from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from collections.abc import Collection
     from typing import Any
@@ -71,9 +71,16 @@ RESTART_ONLY = (
 )
 # The keys of the single resource described by top-level keys; a [[resources]] list replaces them.
 SINGLE_RESOURCE_KEYS = (
-    "resource_name", "device_dir", "replicas", "replica_policy",
-    "probe", "probe_timeout", "probe_interval", "prepare", "prepare_timeout",
-)  # fmt: skip
+    "resource_name",
+    "device_dir",
+    "replicas",
+    "replica_policy",
+    "probe",
+    "probe_timeout",
+    "probe_interval",
+    "prepare",
+    "prepare_timeout",
+)
 # Prepare: well below the kubelet's 30 s PreStartContainer deadline, so a hung command is answered.
 DEFAULT_PROBE_TIMEOUT, DEFAULT_PROBE_INTERVAL, DEFAULT_PREPARE_TIMEOUT = 5.0, 30.0, 10.0
 
@@ -164,10 +171,17 @@ class Config:
             return self.resource_tables
         return (
             Resource(
-                self.resource_name, self.device_dir, self.replicas, self.replica_policy,
-                self.probe, self.probe_timeout, self.probe_interval, self.prepare, self.prepare_timeout,
+                self.resource_name,
+                self.device_dir,
+                self.replicas,
+                self.replica_policy,
+                self.probe,
+                self.probe_timeout,
+                self.probe_interval,
+                self.prepare,
+                self.prepare_timeout,
             ),
-        )  # fmt: skip
+        )
 
     @property
     def trusted_uids(self) -> frozenset[int]:

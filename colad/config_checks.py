@@ -20,7 +20,7 @@ from colad.device_rules import command_problem as devices_command_problem
 from colad.names import REPLICA_POLICIES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# Allocate's CDI answer (allocation.py): today's answer plus CDI names, CDI names alone, or none.
+# Allocate's CDI answer (allocation.py): the classic answer plus CDI names, CDI names alone, or none.
 CDI_MODES = ("both", "only", "off")
 # The kubelet gives PreStartContainer 30 s (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/constants.go
 # KubeletPreStartContainerRPCTimeoutInSecs); colad's own deadline must end first, so the kubelet

@@ -16,7 +16,7 @@ import stat
 from colad import trust
 from colad.config_checks import bare_dots, show_path, text_problem
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 

@@ -5,7 +5,7 @@ Every upstream value names the file it was read from. Nothing here does I/O.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Final
 
@@ -67,7 +67,7 @@ RESERVED_ENV_PREFIX: Final = "COLA_"
 # terminating NUL, so a socket path colad binds or dials is at most 107 bytes.
 SUN_PATH_MAX_BYTES: Final = 107
 # Linux include/linux/threads.h PID_MAX_LIMIT (4 * 1024 * 1024): a pid has at most 7 digits. Staging
-# socket names carry one: queue.py "<queue.sock>.<pid>.tmp", supervisor http.py "<file>.<pid>".
+# socket names carry one: queue.py "<queue.sock>.<pid>.tmp", supervisor/http.py "<file>.<pid>".
 PID_MAX_DIGITS: Final = 7
 # Unix milliseconds in the plugin socket name (colad-<ms>.sock) have 13 digits until the year 2286.
 PLUGIN_SOCKET_STAMP_DIGITS: Final = 13

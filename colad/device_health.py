@@ -24,7 +24,7 @@ from colad.devices import Device
 from colad.probes import PENDING, ProbeRunner
 from colad.queue_client import StatsReporter
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 
 if TYPE_CHECKING:
     from colad.resource_scan import ResourceWatch
@@ -37,7 +37,7 @@ HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
 HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
 # A turn that read this many names (a start, a listing, a burst's follow-up) leaves glibc's heap high with
-# the set's transients: malloc_trim hands the free pages back (2 MiB at 10,000 devices, #14; 0.5 ms).
+# the set's transients: malloc_trim hands the free pages back (2 MiB at 10,000 devices; 0.5 ms).
 TRIM_AFTER_NAMES = 1000
 try:  # ctypes is loaded in this role already: pyinotify binds inotify with it
     _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
@@ -68,9 +68,12 @@ class HealthOutputs:
     trim_due: bool
 
     def rescan(
-        self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
+        self,
+        reason: str,
+        watches: Iterable[ResourceWatch] | None = None,
+        dirty: dict[str, set[str]] | None = None,
         whole: Iterable[str] = ("*",),
-    ) -> None:  # fmt: skip
+    ) -> None:
         raise NotImplementedError  # Discovery.rescan
 
     def _health_step(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 try:
     # hashlib's blake2b is this builtin (hashlib never takes OpenSSL's blake2); importing hashlib would
-    # load _hashlib and libcrypto into discovery and kubelet-watch: 0.75-1 MiB PSS each (#14).
+    # load _hashlib and libcrypto into discovery and kubelet-watch: 0.75-1 MiB PSS each.
     from _blake2 import blake2b
 except ImportError:  # an interpreter without the builtin module: the same function through hashlib
     from hashlib import blake2b
@@ -32,14 +32,23 @@ from colad.devices import (
 from colad.errors import MessageError
 from colad.wire_json import dumps
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
-    "DIGEST_MOD", "DeviceSet", "device_entry", "device_from_wire", "device_hash", "device_to_wire",
-    "device_wire_size", "devices_from_wire", "id_problem", "moved_digest", "set_digest",
-]  # fmt: skip
+    "DIGEST_MOD",
+    "DeviceSet",
+    "device_entry",
+    "device_from_wire",
+    "device_hash",
+    "device_to_wire",
+    "device_wire_size",
+    "devices_from_wire",
+    "id_problem",
+    "moved_digest",
+    "set_digest",
+]
 DIGEST_MOD = 1 << 64  # set_digest() is a sum of 64-bit device hashes
 
 
@@ -133,7 +142,7 @@ def device_from_wire(obj: object) -> Device:
             raise ValueError("device entry is not [id, health] or an object")
         # The bare pair is most of a large snapshot: an ID and a health are all there is to check.
         if obj[1] in HEALTH_VALUES and id_problem(obj[0]) is None:
-            # The constant, not the decoded string: JSON makes a new 56-byte str per entry (#14).
+            # The constant, not the decoded string: JSON makes a new 56-byte str per entry.
             return Device(obj[0], HEALTHY if obj[1] == HEALTHY else UNHEALTHY)
         obj = {"id": obj[0], "health": obj[1]}  # a defect: the general path names it
     if not isinstance(obj, dict):
@@ -215,7 +224,7 @@ def devices_from_wire(items: list[Any], *, consume: bool = False) -> tuple[Devic
     """The devices of a wire list, sorted by ID; MessageError names the first bad entry or a duplicate.
 
     `consume` frees each entry of `items` once its Device is made (the list is left holding None):
-    a decoded snapshot's entries and its Devices are then never all alive at once (#14).
+    a decoded snapshot's entries and its Devices are then never all alive at once.
     """
     found = []
     for index, item in enumerate(items):

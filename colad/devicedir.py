@@ -26,8 +26,8 @@ from colad.devices import Device, clip_reason
 # clean" index entries, a file whose mtime or ctime is not older than the read by this window is
 # read again at every scan, and once more when the window has passed (a follow-up rescan).
 RACY_WINDOW_NS = 2_000_000_000
-# A file's (ino, size, mtime_ns, ctime_ns) kept as one 32-byte bytes object, 65 bytes a device: the
-# tuple held three large ints besides, 184 bytes a device (#14). Times may be negative.
+# A file's (ino, size, mtime_ns, ctime_ns) kept as one 32-byte bytes object, 65 bytes a device: a
+# tuple would hold three large ints besides, 184 bytes a device. Times may be negative.
 _KEY = struct.Struct("=Qqqq")
 # An empty file's content is its size: its key is this one shared value, and it is never racy (a write
 # that leaves it empty changes nothing). No 65-byte key a file, and no follow-up re-read of a burst.

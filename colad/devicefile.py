@@ -20,7 +20,7 @@ from colad.constants import (
 )
 from colad.devices import HEALTH_VALUES, Device, DeviceNode, Mount, device_problem
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 

@@ -31,7 +31,7 @@ from colad.device_rules import (
     text_problem,
 )
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
@@ -170,7 +170,7 @@ class Device(_Kept):
 
     @property
     def bare(self) -> bool:
-        """Only an ID and a health (what a device was before device files had content), on the wire.
+        """Only an ID and a health: a device file with no content, on the wire.
 
         The local-only fields (probe, an entry's `optional`) do not count: the queue's
         encoding of a bare device must be the same on both ends.

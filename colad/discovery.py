@@ -85,9 +85,12 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         return next(iter(self.watches.values())).current
 
     def rescan(
-        self, reason: str, watches: Iterable[ResourceWatch] | None = None, dirty: dict[str, set[str]] | None = None,
+        self,
+        reason: str,
+        watches: Iterable[ResourceWatch] | None = None,
+        dirty: dict[str, set[str]] | None = None,
         whole: Iterable[str] = ("*",),
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`reason` is one of start, inotify, overflow, periodic, directory, followup, hostpath, probe
         (a metrics label).
 
@@ -188,9 +191,17 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._publish(rw, reason, found, tuple(ids), True, change, moved.came, moved.gone, rw.unhealthy + sick)
 
     def _publish(
-        self, rw: ResourceWatch, reason: str, found: devices.DeviceSet, ids: tuple[str, ...], present: bool,
-        change: devices.DeviceDiff, came: list[Device], gone: list[Device], unhealthy: int,
-    ) -> None:  # fmt: skip
+        self,
+        rw: ResourceWatch,
+        reason: str,
+        found: devices.DeviceSet,
+        ids: tuple[str, ...],
+        present: bool,
+        change: devices.DeviceDiff,
+        came: list[Device],
+        gone: list[Device],
+        unhealthy: int,
+    ) -> None:
         """Send `found` (`came` sorted by ID, `gone` what they replaced or what left), then log it."""
         seq = self.next_seq()
         snapshot = messages.DeviceSnapshot(self.epoch, seq, found, present, rw.resource.name)
@@ -348,7 +359,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     def timeout(self) -> float:
         if self.host_recheck or (self.specs_dirty and self.spec_writer is not None) or self.nfd_dirty:
             return 0.0
-        # One pass, no lists: it runs every turn (cProfile: 4 % of a one-file change's turn as lists).
+        # One pass, no lists: it runs every turn (lists would be 4 % of a one-file change's turn).
         soonest = self.next_rescan
         for rw in self.watches.values():
             if rw.follow_up is not None and rw.follow_up < soonest:

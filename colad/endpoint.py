@@ -186,9 +186,13 @@ class Endpoint:
             case reg.Transition(previous=previous, phase=phase, reason=reason, fields=fields):
                 self.since = self.ctx.wall()
                 LOG.info(
-                    "plugin state", resource=name, state=phase.value, previous=previous.value, reason=reason,
+                    "plugin state",
+                    resource=name,
+                    state=phase.value,
+                    previous=previous.value,
+                    reason=reason,
                     **dict(fields),
-                )  # fmt: skip
+                )
             case reg.GaveUpWaiting(waited=waited):
                 LOG.warning("no device snapshot yet; registering anyway", resource=name, waited=f"{waited}s")
             case reg.Restart(reason=reason):
@@ -226,10 +230,18 @@ class Endpoint:
         prepare = lambda: (self.resource.prepare, self.resource.prepare_timeout)  # noqa: E731 - as policy
         self.pre_start_required = self.resource.pre_start_required
         servicer = DevicePluginServicer(
-            self.broadcast, generation, events, self.ctx.metrics, name, policy,
-            cdi_mode=self.ctx.cdi_mode, cdi_spec_dir=self.ctx.cdi_spec_dir, prepare=prepare,
-            pre_start_required=self.pre_start_required, trusted=self.ctx.trusted,
-        )  # fmt: skip
+            self.broadcast,
+            generation,
+            events,
+            self.ctx.metrics,
+            name,
+            policy,
+            cdi_mode=self.ctx.cdi_mode,
+            cdi_spec_dir=self.ctx.cdi_spec_dir,
+            prepare=prepare,
+            pre_start_required=self.pre_start_required,
+            trusted=self.ctx.trusted,
+        )
         server = self.ctx.servers.build(servicer, path)
         self.ctx.sockets.add(path)
         try:
@@ -322,9 +334,14 @@ class Endpoint:
             # Discovery's "device set changed" line, same seq, already tells an operator of each change:
             # the plugin says so at INFO for its first set only (each line is also a supervisord wake-up).
             (LOG.info if first else LOG.debug)(
-                "devices updated", resource=self.name, devices=len(physical), advertised=len(advertised),
-                unhealthy=stats_of(physical).unhealthy, seq=seq, dir_present=dir_present,
-            )  # fmt: skip
+                "devices updated",
+                resource=self.name,
+                devices=len(physical),
+                advertised=len(advertised),
+                unhealthy=stats_of(physical).unhealthy,
+                seq=seq,
+                dir_present=dir_present,
+            )
             self._warn_ignored_prepares(physical)
         self.apply(reg.DevicesSeen(), now)
 
@@ -340,8 +357,10 @@ class Endpoint:
         if ignored and ignored != self.ignored_prepares:
             LOG.warning(
                 "device prepare ignored: the resource has no prepare, so the kubelet never calls PreStartContainer",
-                resource=self.name, devices=len(ignored), first=ignored[0],
-            )  # fmt: skip
+                resource=self.name,
+                devices=len(ignored),
+                first=ignored[0],
+            )
         self.ignored_prepares = ignored
 
     def _report_fit(self) -> None:
@@ -351,10 +370,14 @@ class Endpoint:
         if fit.dropped:
             metrics.list_cut.labels(self.name).inc()
             LOG.warning(
-                "device list cut to fit the kubelet's message limit", resource=self.name, sent=len(fit.devices),
-                wanted=fit.wanted, bytes=fit.size, limit=constants.KUBELET_MAX_RECV_MESSAGE_BYTES,
+                "device list cut to fit the kubelet's message limit",
+                resource=self.name,
+                sent=len(fit.devices),
+                wanted=fit.wanted,
+                bytes=fit.size,
+                limit=constants.KUBELET_MAX_RECV_MESSAGE_BYTES,
                 replicas=self.resource.replicas,
-            )  # fmt: skip
+            )
 
     def restart_clock(self, now: float) -> None:
         self.state = replace(self.state, started=now)

@@ -32,7 +32,7 @@ _INIT_LIMIT_ERRNOS = ("EMFILE", "ENFILE", "ENOMEM")
 # While a limit is in the way, a new instance or a refused watch is tried again this often (seconds).
 RETRY_S = constants.DEGRADED_POLL_S
 
-TYPE_CHECKING = False  # typing costs a watcher ~0.5 MiB (#14): mypy sees the NamedTuple, Python the namedtuple
+TYPE_CHECKING = False  # mypy sees the NamedTuple, Python the namedtuple: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import NamedTuple
 

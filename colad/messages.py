@@ -19,7 +19,7 @@ from colad.errors import MessageError
 from colad.names import resource_name_problem
 from colad.wire_json import dumps
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 
 if TYPE_CHECKING:  # the device model is imported where a device is encoded or decoded (device_wire.py)
     from typing import Any
@@ -27,10 +27,10 @@ if TYPE_CHECKING:  # the device model is imported where a device is encoded or d
     from colad.devices import Device, DeviceSet
 
 WIRE_VERSION = 1
-# The queue must carry any list the kubelet can take (#14). What the kubelet sees of a device is
+# The queue must carry any list the kubelet can take. What the kubelet sees of a device is
 # its ID, health and NUMA nodes, and such a device's JSON entry is at most 2.45 times its
 # ListAndWatch protobuf entry (the worst: a 1-character Unhealthy ID on NUMA node 0, 49 bytes
-# against 20; a bare 1-character ID 16 against 14; tests/unit/test_wire_frames.py measures them).
+# against 20; a bare 1-character ID 16 against 14; tests/unit/test_wire_limits.py measures them).
 # So 3x the kubelet's 4 MiB: 226,600 short IDs (the kubelet's most) are 4.4 MiB here. File content
 # (paths, envs) beyond the frame is demoted by snapshots.fit_the_queue. A reader holds one frame.
 JSON_PER_PROTOBUF = 3
@@ -163,8 +163,8 @@ def _body(message: Message, devices: list[Any] | None = None) -> dict[str, Any]:
 def _device_message_bytes(message: DeviceSnapshot | DeviceDelta) -> bytes:
     """dumps(_body(message)) byte for byte, its devices joined from their entries (as snapshot_size counts).
 
-    json.dumps of the whole body made a two-item list per device and the encoder's chunks: +2.5 MiB at
-    10,000 devices, most of it kept by Python's allocator afterwards (#14). Here a few hundred entries
+    json.dumps of the whole body would make a two-item list per device and the encoder's chunks: +2.5 MiB
+    at 10,000 devices, most of it kept by Python's allocator afterwards. Here a few hundred entries
     live at a time and the frame grows in one buffer (malloc's, given back when freed).
     """
     from colad.device_wire import device_entry

@@ -26,8 +26,13 @@ __all__ = ["Family", "Metrics", "Peers", "parse_address"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SERVER_RESTART_REASONS = (
-    "start", "kubelet_restart", "socket_removed", "stream_lost", "register_retry", "options_changed",
-)  # fmt: skip
+    "start",
+    "kubelet_restart",
+    "socket_removed",
+    "stream_lost",
+    "register_retry",
+    "options_changed",
+)
 ALLOCATE_RESULTS = ("success", "not_found", "invalid")
 # PreStartContainer: prepared, a prepare command failed or timed out, a device not advertised.
 PRE_START_RESULTS = ("success", "failed", "timeout", "not_found", "busy")
@@ -40,8 +45,15 @@ PLUGIN_INPUT_REASONS = ("foreign_path", "untrusted_program", "untrusted_host_pat
 QUEUE_EVENTS = ("sent", "received", "dropped", "rejected")
 # Connections to the metrics endpoint closed unserved (httpserver.py says when each applies).
 HTTP_REFUSAL_REASONS = (
-    "evicted", "timeout", "too_large", "bad_request", "busy", "fd_reserve", "accept_failed", "source_cap",
-)  # fmt: skip
+    "evicted",
+    "timeout",
+    "too_large",
+    "bad_request",
+    "busy",
+    "fd_reserve",
+    "accept_failed",
+    "source_cap",
+)
 EFFECT_NAMES = tuple(effect_name(effect) for effect in EFFECTS)  # every effect the registration can ask for
 
 
@@ -287,15 +299,25 @@ class Metrics:
 
     def families(self) -> tuple[Family, ...]:
         return (
-            self.allocate_requests, self.allocated_devices, self.device_allocations, self.check_allocations,
-            self.pre_start_requests, self.cdi_fallbacks, self.allocate_duration, self.preferred_duration,
-            self.device_set_changes, self.registrations, self.kubelet_restarts, self.server_restarts, self.list_cut,
+            self.allocate_requests,
+            self.allocated_devices,
+            self.device_allocations,
+            self.check_allocations,
+            self.pre_start_requests,
+            self.cdi_fallbacks,
+            self.allocate_duration,
+            self.preferred_duration,
+            self.device_set_changes,
+            self.registrations,
+            self.kubelet_restarts,
+            self.server_restarts,
+            self.list_cut,
             self.rpc_errors,
             self.http_refused,
             self.state_file_failures,
             self.effect_failures,
             self.thread_failures,
-        )  # fmt: skip
+        )
 
     @property
     def bound(self) -> bool:

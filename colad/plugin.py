@@ -82,11 +82,19 @@ class Plugin:
         self.record = SocketRecord(cfg.socket_record_file)
         self.sockets = Sockets(cfg, self.record, self.metrics, self._on_message, self._on_reject)
         self.ctx = Context(
-            cfg.kubelet_dir, cfg.kubelet_socket, cfg.register_timeout, self.metrics, self.record,
-            self.events.put, wall, servers or Servers(),
+            cfg.kubelet_dir,
+            cfg.kubelet_socket,
+            cfg.register_timeout,
+            self.metrics,
+            self.record,
+            self.events.put,
+            wall,
+            servers or Servers(),
             lambda: {e.socket_path for e in self.endpoints.values() if e.socket_path},
-            lambda: self.cfg.cdi, lambda: self.cfg.cdi_spec_dir, lambda: self.cfg.trusted_uids,
-        )  # fmt: skip
+            lambda: self.cfg.cdi,
+            lambda: self.cfg.cdi_spec_dir,
+            lambda: self.cfg.trusted_uids,
+        )
         self.endpoints = {r.name: Endpoint(self.ctx, r, clock()) for r in cfg.resources}
         # The latest physical device set per resource, also for resources not (yet) served:
         # discovery may reload before the plugin does.
@@ -340,9 +348,12 @@ class Plugin:
         if self.cfg.metrics_address:
             refused = self.metrics.http_refused
             self.metrics_server = MetricsServer(
-                self.metrics, self.cfg.metrics_address, self.health, self.ready,
+                self.metrics,
+                self.cfg.metrics_address,
+                self.health,
+                self.ready,
                 on_refuse=lambda reason: refused.labels(reason).inc(),
-            )  # fmt: skip
+            )
             self.metrics_server.start()
         self.start_inuse()
 
@@ -410,9 +421,13 @@ class Plugin:
             if (snapshot := self.snapshots.get(name)) is not None:
                 self.endpoints[name].take(snapshot, now, changed=True)
         LOG.info(
-            "config reloaded", added=",".join(todo.added) or "-", removed=",".join(todo.removed) or "-",
-            changed=",".join(todo.changed) or "-", unchanged=len(todo.unchanged), deferred=",".join(deferred) or "-",
-        )  # fmt: skip
+            "config reloaded",
+            added=",".join(todo.added) or "-",
+            removed=",".join(todo.removed) or "-",
+            changed=",".join(todo.changed) or "-",
+            unchanged=len(todo.unchanged),
+            deferred=",".join(deferred) or "-",
+        )
         self.last_reload = statefile.ReloadResult(
             self.wall(), True, "", todo.added, todo.removed, todo.changed, tuple(deferred)
         )
@@ -445,7 +460,7 @@ class Plugin:
             while not isinstance(event := self._next_event(), ev.StopRequested):
                 try:
                     if event is None:
-                        if self.on_timer():  # else only the state file was due (#14: a publish less per change)
+                        if self.on_timer():  # else only the state file was due: no publish
                             self.publish()
                     else:
                         self.handle(event)

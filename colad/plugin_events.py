@@ -96,6 +96,14 @@ class ObserversLoaded:
 
 
 Event = (
-    Received | QueueRejected | ReloadRequested | StopRequested | StreamChanged | ListSent | EmptyListSent | CallDone
-    | ObserversLoaded | ThreadDied
-)  # fmt: skip
+    Received
+    | QueueRejected
+    | ReloadRequested
+    | StopRequested
+    | StreamChanged
+    | ListSent
+    | EmptyListSent
+    | CallDone
+    | ObserversLoaded
+    | ThreadDied
+)

@@ -174,8 +174,10 @@ class InUseWatcher:
             self.metrics.rpc_errors.labels(LIST, "INVALID_ANSWER").inc()
             (LOG.warning if not self.skipped else LOG.debug)(
                 "pod resources answer has entries colad cannot use; skipped",
-                method=LIST, entries=len(skipped), first=skipped[0],
-            )  # fmt: skip
+                method=LIST,
+                entries=len(skipped),
+                first=skipped[0],
+            )
         self.skipped = len(skipped)
 
     def _up(self) -> None:

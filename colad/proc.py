@@ -23,7 +23,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     # Compare with the parent recorded before prctl, never with PID 1: in a
-    # container supervisord *is* PID 1 (issue 16), and on a host an orphan may be
+    # container supervisord *is* PID 1, and on a host an orphan may be
     # adopted by a subreaper rather than init. A different parent afterwards
     # means it died before the death signal was armed.
     parent = os.getppid()

@@ -26,7 +26,7 @@ LOG = log.get(__name__)
 # Re-exported for the roles and tools that import them from here: the queue is one name to them.
 __all__ = ["Peer", "QueueClient", "QueueServer", "StatsReporter", "frame"]
 # Read at once: every change, every Stats and a snapshot of ~1,500 devices (a 10,000-device one is 7 reads).
-# Resident for good (0.125 MiB), as the 1 MiB that every recv() used to map and unmap was not.
+# Resident for good (0.125 MiB), where a 1 MiB buffer per recv() would be mapped and unmapped each time.
 RECV_CHUNK = 128 * 1024
 # Publishers are discovery, the kubelet watcher and an operator's tool or two: more connections than
 # this (root's only; the socket is 0600) are closed at once, so none can take the plugin's descriptors.
@@ -76,8 +76,8 @@ class QueueServer:
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
         # One receive buffer for every connection (one selector thread), reused: a fresh 1 MiB bytes per
-        # recv() was an mmap, an mremap and an munmap per change, each munmap a TLB shootdown of the
-        # other threads (strace -c and perf of the plugin over 200 changes, #14). Larger frames gather
+        # recv() would be an mmap, an mremap and an munmap per change, each munmap a TLB shootdown of the
+        # other threads. Larger frames gather
         # in the connection's buffer a chunk at a time.
         self._chunk = bytearray(RECV_CHUNK)
         self._chunk_view = memoryview(self._chunk)
@@ -301,9 +301,12 @@ class QueueServer:
             self.on_message(message, conn.peer)
         except Exception as exc:  # the callback's fault, not the peer's: name the message, keep the peer
             LOG.error(
-                "queue message not handled", type=message.type, seq=message.seq, peer_pid=conn.peer.pid,
+                "queue message not handled",
+                type=message.type,
+                seq=message.seq,
+                peer_pid=conn.peer.pid,
                 error=repr(exc),
-            )  # fmt: skip
+            )
             self.on_reject("handler_error")
         return True
 

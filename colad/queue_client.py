@@ -128,7 +128,7 @@ class QueueClient:
                 self._retry_at = now
                 return False
             self.unsent.discard(key)
-            # Sent: a full frame is kept no longer (185 KiB at 10,000 devices, #14); a delta or the next
+            # Sent: a full frame is kept no longer (185 KiB at 10,000 devices); a delta or the next
             # connection's resync encodes the latest message again (_frame_of) only when one needs it.
             self._frames[key] = None
             self._sent_at[key] = (message.epoch, message.seq)

@@ -277,7 +277,7 @@ class ResourceWatch:
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             return self._refuse(f"device directory unusable: {code} {exc.strerror}", f"{code}: {exc.strerror}")
-        # Not devices.build(names): its Device per name would be made to be dropped (10,000 objects, #14).
+        # Not devices.build(names): its Device per name would be made to be dropped (10,000 objects).
         ids, problems = devices.valid_ids(names)
         found: list[Device] = []
         cache: dict[str, _Cached] = {}

@@ -398,8 +398,12 @@ class Workers(futures.ThreadPoolExecutor):
         except RuntimeError as exc:
             self.start_failures += 1
             if self.start_failures == 1 or self.start_failures % 100 == 0:
-                LOG.warning("gRPC worker not started; the call waits for a free one", error=str(exc),
-                            workers=len(self._threads), failures=self.start_failures)  # fmt: skip
+                LOG.warning(
+                    "gRPC worker not started; the call waits for a free one",
+                    error=str(exc),
+                    workers=len(self._threads),
+                    failures=self.start_failures,
+                )
 
 
 def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:

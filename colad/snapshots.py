@@ -82,9 +82,13 @@ def delta(
 
 
 def moved_delta(
-    old_digest: int, new: DeviceSnapshot, base: int, came: Sequence[Device], gone: Sequence[Device],
+    old_digest: int,
+    new: DeviceSnapshot,
+    base: int,
+    came: Sequence[Device],
+    gone: Sequence[Device],
     removed: tuple[str, ...],
-) -> tuple[DeviceDelta | None, int]:  # fmt: skip
+) -> tuple[DeviceDelta | None, int]:
     """delta() from what the caller knows changed, in O(change): `came` (added or changed, sorted by ID),
     `gone` (the devices removed or replaced), `removed` (the IDs gone, sorted)."""
     digest = moved_digest(old_digest, gone, came)

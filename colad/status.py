@@ -158,9 +158,17 @@ def read_in_use(cfg: Config) -> dict[str, Any]:
 
 def _collect_processes(cfg: Config) -> dict[str, Any]:
     report: dict[str, Any] = {
-        "running": False, "processes": {}, "plugin": None, "source": None, "health": None, "ready": None,
-        "problems": [], "starting": [], "waiting": [], "restarts": [],
-    }  # fmt: skip
+        "running": False,
+        "processes": {},
+        "plugin": None,
+        "source": None,
+        "health": None,
+        "ready": None,
+        "problems": [],
+        "starting": [],
+        "waiting": [],
+        "restarts": [],
+    }
     proxy = supervisor_proxy(cfg.supervisor_socket)
     try:
         infos = proxy.supervisor.getAllProcessInfo()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import stat
 
-TYPE_CHECKING = False  # typing costs a process ~0.5 MiB; no annotation is evaluated at run time
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

@@ -30,9 +30,14 @@ class HttpFlood:
     address of 127/8 on IPv4, as a pod's traffic comes from an address apart from the kubelet's)."""
 
     def __init__(
-        self, address: str, *, idle_rate: float = 40, rapid_rate: float = 200, max_idle: int = 2000,
+        self,
+        address: str,
+        *,
+        idle_rate: float = 40,
+        rapid_rate: float = 200,
+        max_idle: int = 2000,
         source: str = "127.0.0.2",
-    ) -> None:  # fmt: skip
+    ) -> None:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         if host in ("0.0.0.0", "::", ""):

@@ -91,8 +91,10 @@ def set_nofile(pid: int, soft: int) -> None:
 def soft_nofile(pid: int) -> int:
     out = subprocess.run(
         ["prlimit", f"--pid={pid}", "--nofile", "--raw", "--noheadings", "--output=SOFT"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return int(out.strip())
 
 

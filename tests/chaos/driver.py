@@ -376,7 +376,7 @@ class Chaos:
         )
         self.change_devices()
 
-    # ---- faults: hostile input (issue 12) ----
+    # ---- faults: hostile input ----
     def bad_name(self) -> bytes:
         """A name that is not UTF-8: lone continuation bytes, an encoded surrogate, an overlong '/'."""
         junk = self.rng.choice([b"\xff\xfe", b"\x80", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe9t\xe9", os.urandom(3)])

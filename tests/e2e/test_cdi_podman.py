@@ -62,9 +62,20 @@ def _run(root: Path, spec_dir: Path, device_id: str, script: str) -> subprocess.
     upper.mkdir()
     work.mkdir()
     podman = [
-        "podman", "run", "--rm", "--name", name, "--pull=never", "--network=none",
-        "--device", namemap.cdi_device_name(RESOURCE, device_id), image.BASE_IMAGE, "sh", "-c", script,
-    ]  # fmt: skip
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--pull=never",
+        "--network=none",
+        "--device",
+        namemap.cdi_device_name(RESOURCE, device_id),
+        image.BASE_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ]
     namespace = " && ".join(
         [
             "set -e",
@@ -78,8 +89,11 @@ def _run(root: Path, spec_dir: Path, device_id: str, script: str) -> subprocess.
     try:
         return subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", namespace],
-            capture_output=True, text=True, env=image.podman_env(), timeout=PODMAN_TIMEOUT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=image.podman_env(),
+            timeout=PODMAN_TIMEOUT,
+        )
     finally:
         image.podman("rm", "-f", "--ignore", name, check=False, timeout=PODMAN_TIMEOUT)
 

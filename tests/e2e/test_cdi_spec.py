@@ -1,4 +1,4 @@
-"""Discovery writes the CDI spec a real podman consumes, from the device file to the container (issue 15).
+"""Discovery writes the CDI spec a real podman consumes, from the device file to the container.
 
 colad runs under the real supervisord with its spec directory in the test's tree; podman runs in
 a private mount namespace where that directory is /etc/cdi (tests/e2e/test_cdi_podman.py's

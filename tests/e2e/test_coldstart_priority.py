@@ -1,4 +1,4 @@
-"""Who gets the CPUs during a cold start (issue 14), under the real supervisord.
+"""Who gets the CPUs during a cold start, under the real supervisord.
 
 The plugin's Register waits on its own imports and on discovery's first snapshot; kubelet-watch is
 needed by neither (the plugin stats kubelet.sock itself at start), so it runs niced and leaves the

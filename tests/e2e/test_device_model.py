@@ -1,4 +1,4 @@
-"""Issue 7 end to end: device files with content, topology, replicas, several resources, live reload.
+"""End to end: device files with content, topology, replicas, several resources, live reload.
 
 Real colad under the real supervisord, through the strict fake kubelet.
 """

@@ -109,7 +109,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_idle_roles_sleep(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """Regression: /proc/self/mountinfo polled for POLLIN is always readable, and the watchers spun on it."""
+    """Idle roles use no CPU, though /proc/self/mountinfo polled for POLLIN is always readable."""
     kubelet.wait_devices({"cocacola", "peisicola"})
     pids = colad.pids()
     before = {role: _cpu_seconds(pid) for role, pid in pids.items()}

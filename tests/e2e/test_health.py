@@ -1,4 +1,4 @@
-"""Health is honest and FATAL is not the end (issue 12), under the real supervisord.
+"""Health is honest and FATAL is not the end, under the real supervisord.
 
 /healthz and `colad status` name any process that is not RUNNING, and a discovery
 that stopped reporting; the watchdog (inside supervisord) starts a FATAL role

@@ -1,4 +1,4 @@
-"""Host-path health under the real supervisord, seen at the strict fake kubelet (issue 15 item 2).
+"""Host-path health under the real supervisord, seen at the strict fake kubelet.
 
 A device whose mount source or device node is missing is Unhealthy at the kubelet, Healthy again
 when the path appears, Unhealthy when it goes; an optional entry's path does not matter. The

@@ -1,7 +1,7 @@
-"""Issue 12 end to end, the configuration: bad values stop colad with exit 2 and one line, never a traceback.
+"""Hostile configuration end to end: bad values stop colad with exit 2 and one line, never a traceback.
 
-Finding 2 (paths and addresses the code cannot use) and finding 4 (one device directory through two
-resources, or nested) through the real `python -m colad`, under the real supervisord for start and
+Paths and addresses the code cannot use, and one device directory through two resources or nested,
+through the real `python -m colad`, under the real supervisord for start and
 `colad reload`; a seeded sample of the in-process fuzz (tests/unit/test_config_hostile.py) as subprocesses.
 """
 
@@ -52,7 +52,7 @@ def base_env(root: Path) -> dict[str, str]:
     return dict(ColadService(root).env)
 
 
-# --- finding 2: each bad path class, through COLAD_* ----------------------------------------------
+# --- each bad path class, through COLAD_* ---------------------------------------------------------
 
 BAD_PATHS = [
     pytest.param("COLAD_DEVICE_DIR", "{root}/bad\udcff\udcfe", "device_dir", id="device-dir-not-utf8"),
@@ -100,7 +100,7 @@ def test_a_run_dir_that_is_a_file_is_one_line_and_no_conf(short_tmp: Path) -> No
     assert not list(short_tmp.rglob("supervisord.conf*"))
 
 
-# --- finding 4: aliases and nesting, at start and on reload ---------------------------------------
+# --- aliases and nesting, at start and on reload --------------------------------------------------
 
 
 def write_config(path: Path, text: str) -> None:

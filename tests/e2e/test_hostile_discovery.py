@@ -1,4 +1,4 @@
-"""Hostile device directories under the real supervisord (issue 12, findings 1, 3, 5, 6, 7).
+"""Hostile device directories under the real supervisord.
 
 One colad for the module, its device directory a symlink (as /etc/colas often
 is) to a directory on an ext2 loop mount where one is possible (one-second
@@ -87,7 +87,7 @@ def new_lines(colad: ColadService, needle: str) -> list[str]:
 
 
 def test_bad_names_in_the_device_dir_are_skipped_once(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """Finding 1, device side: non-UTF-8, too long and control-character names, rewritten for 3 s."""
+    """Names that are no device IDs: non-UTF-8, too long and control-character names, rewritten for 3 s."""
     names = [b"bad\xff\xfe", b"caf\xe9", b"x" * 70, b"a\x01b"]
     directory = os.fsencode(colad.device_dir)
     deadline = time.monotonic() + 3
@@ -103,7 +103,7 @@ def test_bad_names_in_the_device_dir_are_skipped_once(colad: ColadService, kubel
 
 
 def test_a_slow_device_file_does_not_stall_the_others(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """Finding 6: 60 KB of `a.a.a...= 1` took 15-20 s in tomllib; now Unhealthy at once."""
+    """60 KB of `a.a.a...= 1` (15-20 s in tomllib) is Unhealthy at once."""
     (colad.device_dir / "slow").write_bytes(b".".join([b"a"] * 30000) + b" = 1\n")
     colad.add("marker")
     started = time.monotonic()
@@ -113,7 +113,7 @@ def test_a_slow_device_file_does_not_stall_the_others(colad: ColadService, kubel
 
 
 def test_non_ascii_content_over_the_queue_frame(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """Finding 5: 80 files of 'é' (180 KB each as ASCII JSON) exceed the 12 MiB frame; no crash loop."""
+    """80 files of 'é' (180 KB each as ASCII JSON) exceed the 12 MiB frame; no crash loop."""
     body = "[annotations]\n" + "".join(f'"example.com/k{i}" = "{"é" * 2000}"\n' for i in range(15))
     heavy = {f"heavy{n:02d}" for n in range(80)}
     for name in sorted(heavy):
@@ -133,7 +133,7 @@ def test_non_ascii_content_over_the_queue_frame(colad: ColadService, kubelet: Fa
 def test_a_symlink_loop_device_dir_keeps_the_devices_unhealthy(
     colad: ColadService, kubelet: FakeKubelet, shared: tuple[ColadService, FakeKubelet, Path, bool]
 ) -> None:
-    """Finding 7: ELOOP crash-looped discovery; now the devices stay, Unhealthy, and heal."""
+    """A device directory that fails with ELOOP: discovery keeps running, the devices stay, Unhealthy, and heal."""
     link, swap = colad.device_dir, colad.device_dir.with_name("swap")
     os.symlink(link.name, swap)
     os.rename(swap, link)  # colas -> colas
@@ -149,7 +149,7 @@ def test_a_symlink_loop_device_dir_keeps_the_devices_unhealthy(
 def test_same_size_rewrite_within_a_second_reaches_the_kubelet(
     colad: ColadService, kubelet: FakeKubelet, shared: tuple[ColadService, FakeKubelet, Path, bool]
 ) -> None:
-    """Finding 3 on a filesystem with one-second timestamps: the second write is never lost."""
+    """A same-size rewrite on a filesystem with one-second timestamps: the second write is never lost."""
     if not shared[3]:
         pytest.skip("needs an ext2 loop mount (root, mkfs.ext2, /dev/loop*) for one-second timestamps")
     path = colad.device_dir / "numa"

@@ -1,9 +1,9 @@
 """Hostile file names, end to end: bytes that are not UTF-8 in every watched directory and their parents.
 
-Such a name used to kill discovery and kubelet-watch inside pyinotify's read (issue 12,
-finding 1), and supervisord's restart hid it: the list was right again a second later.
-So each case checks that every role kept its PID, that no traceback reached the log,
-and that a normal change made afterwards still reaches the strict fake kubelet exactly.
+Such a name must not kill discovery or kubelet-watch inside pyinotify's read, and supervisord's restart
+would hide it: the list is right again a second later. So each case checks that every role kept its
+PID, that no traceback reached the log, and that a normal change made afterwards still reaches the
+strict fake kubelet exactly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile input to the plugin role, under the real supervisord (issue 12, findings 5 and 9).
+"""Hostile input to the plugin role, under the real supervisord.
 
 A device list over the kubelet's 4 MiB receive limit, and objects named like
 colad's sockets (or its queue socket) that colad did not make. Each must end in

@@ -1,4 +1,4 @@
-"""Signals at every moment of a role's start-up, under the real supervisord (issue 12, finding 8; issue 16).
+"""Signals at every moment of a role's start-up, under the real supervisord.
 
 `python -m colad` blocks SIGHUP, SIGTERM and SIGINT at its first instruction and each role takes them once
 it can act on them, so a SIGHUP (what `colad reload` sends through supervisord) is a deferred reload and a
@@ -147,7 +147,7 @@ def test_colad_reload_right_after_colad_supervise_starts(short_tmp: Path, kubele
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="unshare --pid needs root")
 def test_a_role_whose_parent_is_pid_1_does_not_stop_itself(short_tmp: Path) -> None:
-    """Issue 16: in a container supervisord is PID 1; the guard used to take getppid() == 1 for a dead parent."""
+    """In a container supervisord is PID 1: the guard must not take getppid() == 1 for a dead parent."""
     service = ColadService(short_tmp)
     service.add(*DEVICES)
     out = short_tmp / "discovery.log"

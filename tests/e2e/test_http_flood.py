@@ -131,8 +131,10 @@ def test_a_flood_at_a_task_limit_starts_no_thread_and_a_kubelet_restart_register
     assert most <= threads + 8, f"{threads} threads before the flood, {most} during it"
     assert refused(url, "evicted") + refused(url, "timeout") > 0
     kubelet.allocate(["cola-b"])
-    print(f"flood: {flood.counts.idle_opened} idle, {flood.counts.rapid} rapid; threads {threads}->{most};"
-          f" back in {took:.2f} s; slowest {watch.slowest}")  # fmt: skip
+    print(
+        f"flood: {flood.counts.idle_opened} idle, {flood.counts.rapid} rapid; threads {threads}->{most};"
+        f" back in {took:.2f} s; slowest {watch.slowest}"
+    )
 
 
 def test_a_flood_at_a_file_limit_does_not_spin_and_a_kubelet_restart_registers_again(
@@ -159,9 +161,11 @@ def test_a_flood_at_a_file_limit_does_not_spin_and_a_kubelet_restart_registers_a
             set_nofile(plugin, base + httpserver.FD_RESERVE + 16)
             with Watch(url, kubelet) as watch:
                 wait_until(
-                    lambda: watch.answers["healthz"] >= 5 or watch.failures[-2:] == ["stop"], 20,
-                    "/healthz answering in the flood", logs=[service.log_path],
-                )  # fmt: skip
+                    lambda: watch.answers["healthz"] >= 5 or watch.failures[-2:] == ["stop"],
+                    20,
+                    "/healthz answering in the flood",
+                    logs=[service.log_path],
+                )
                 took = restart_kubelet_and_wait(kubelet, watch)
                 time.sleep(3)
             most = open_fds(plugin)
@@ -173,5 +177,7 @@ def test_a_flood_at_a_file_limit_does_not_spin_and_a_kubelet_restart_registers_a
     assert most <= base + httpserver.FD_RESERVE + 16
     assert refused(url, "evicted") + refused(url, "fd_reserve") >= 1
     assert refused(url, "accept_failed") >= 1
-    print(f"flood: {flood.counts.idle_opened} idle, {flood.counts.rapid} rapid; cpu {spent:.2f} s in 3 s;"
-          f" fds {base}->{most}; back in {took:.2f} s; slowest {watch.slowest}")  # fmt: skip
+    print(
+        f"flood: {flood.counts.idle_opened} idle, {flood.counts.rapid} rapid; cpu {spent:.2f} s in 3 s;"
+        f" fds {base}->{most}; back in {took:.2f} s; slowest {watch.slowest}"
+    )

@@ -142,7 +142,7 @@ def test_registers_through_the_bind_mounted_directory_with_an_exact_list(pod: Po
     registration = pod.kubelet.wait_registered(timeout=60)
     assert registration.resource_name == pod.resource
     pod.kubelet.wait_devices(DEVICES, timeout=30)
-    # All three roles up under supervisord as PID 1 (issue 16: they used to SIGTERM themselves).
+    # All three roles up under supervisord as PID 1 (the parent-death guard must not SIGTERM them).
     pod.pids = wait_until(
         lambda: (p := role_pids(pod)) and len(p) == 3 and p, 30, "three RUNNING roles", logs=[pod.log_path]
     )

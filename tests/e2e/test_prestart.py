@@ -1,4 +1,4 @@
-"""PreStartContainer runs the resource's prepare command (issue 15 item 7), under the real supervisord.
+"""PreStartContainer runs the resource's prepare command, under the real supervisord.
 
 With `prepare` set, colad registers with pre_start_required and GetDevicePluginOptions agrees (the
 fake kubelet checks both); the kubelet's pre_start_container() runs the command with the device

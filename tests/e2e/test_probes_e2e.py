@@ -1,4 +1,4 @@
-"""Health probes under the real supervisord, seen at the strict fake kubelet (issue 15 item 3).
+"""Health probes under the real supervisord, seen at the strict fake kubelet.
 
 One probe command for the resource (COLAD_PROBE), its behaviour per device set by a file the
 test writes: healthy, failing with a reason, hanging past the timeout (killed, Unhealthy),

@@ -1,4 +1,4 @@
-"""/readyz means "registered, streamed, list exact" (issue 15 item 4), under the real supervisord.
+"""/readyz means "registered, streamed, list exact", under the real supervisord.
 
 Across a kubelet restart the fake kubelet sees: 200 while colad is registered with the current
 kubelet and the list it holds is the current one; 503 once the kubelet is gone, and through

@@ -98,8 +98,10 @@ def test_a_kubelet_restart_at_the_task_limit_is_shown_then_registration_returns_
         kubelet.restart()
         rc, out = wait_until(
             lambda: (r := status(colad))[0] == 1 and NO_THREAD in r[1] and r,
-            8, "colad status names the failure", logs=[colad.log_path],
-        )  # fmt: skip
+            8,
+            "colad status names the failure",
+            logs=[colad.log_path],
+        )
         assert "registered: no (" in out and f"RuntimeError: {NO_THREAD}" in out, out
         # Whichever thread the limit refuses first (the old server's stop, the new server's, a call's, or a
         # gRPC worker once the kubelet dials), each failure is one line, then a back-off and a retry.

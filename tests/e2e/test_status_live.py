@@ -114,7 +114,7 @@ def healthz(address: str) -> tuple[bool, str]:
 
 
 def _shape(text: str) -> str:
-    return re.sub(r"\d+", "N", text)  # "silent for 14s" and "for 15s" are the same finding
+    return re.sub(r"\d+", "N", text)  # "silent for 14s" and "for 15s" are the same problem
 
 
 def observe(colad: ColadService, address: str) -> tuple[tuple[bool, str], tuple[int, str, bool]]:
@@ -156,8 +156,10 @@ def test_a_full_run_dir_and_the_kubelet_gone_is_not_registered_in_status_as_on_h
     kubelet.stop()
     ok, reason = wait_until(
         lambda: r if not (r := healthz(address))[0] and "not registered" in r[1] else None,
-        30, "/healthz 503 not registered", logs=[service.log_path],
-    )  # fmt: skip
+        30,
+        "/healthz 503 not registered",
+        logs=[service.log_path],
+    )
     assert "state file not written" in reason and "No space left on device" in reason, reason
     rc, report, table = status(service)
     assert rc == 1, table
@@ -226,9 +228,14 @@ def test_status_asks_the_plugin_when_the_metrics_endpoint_is_disabled(short_tmp:
 
 def _fault_steps(rng: random.Random, length: int = 9) -> list[str]:
     """A seeded walk over the faults that applies each at least once; every fault is undone by its end."""
-    undo = {"kubelet_away": "kubelet_back", "run_dir_full": "run_dir_freed", "discovery_stopped": "discovery_cont",
-            "plugin_stopped": "plugin_cont", "kubelet_watch_stopped": "kubelet_watch_cont",
-            "device_dir_untrusted": "device_dir_trusted"}  # fmt: skip
+    undo = {
+        "kubelet_away": "kubelet_back",
+        "run_dir_full": "run_dir_freed",
+        "discovery_stopped": "discovery_cont",
+        "plugin_stopped": "plugin_cont",
+        "kubelet_watch_stopped": "kubelet_watch_cont",
+        "device_dir_untrusted": "device_dir_trusted",
+    }
     steps: list[str] = []
     active: set[str] = set()
     while len(steps) < length or not {*undo, "discovery_killed"} <= set(steps):

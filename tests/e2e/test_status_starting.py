@@ -1,4 +1,4 @@
-"""`colad status` while supervisord still reports STARTING (issue 15 item 6), under the real supervisord.
+"""`colad status` while supervisord still reports STARTING, under the real supervisord.
 
 The roles get a long startsecs (a copy of the shipped template), so the window is wide enough to
 look at: before colad could register, status exits 4 ("waiting", not degraded); once registered
@@ -53,13 +53,21 @@ def slow_start(short_tmp: Path) -> Iterator[tuple[ColadService, FakeKubelet]]:
 def test_status_while_starting(slow_start: tuple[ColadService, FakeKubelet]) -> None:
     colad, kubelet = slow_start
     wait_until(
-        lambda: {s for s, _ in colad.states().values()} == {"STARTING"}
-        and all(colad.states()[p][0] == "STARTING" for p in PROGRAMS),
-        20, "every role STARTING", logs=[colad.log_path],
-    )  # fmt: skip
+        lambda: (
+            {s for s, _ in colad.states().values()} == {"STARTING"}
+            and all(colad.states()[p][0] == "STARTING" for p in PROGRAMS)
+        ),
+        20,
+        "every role STARTING",
+        logs=[colad.log_path],
+    )
     # No kubelet yet: the plugin retries Register. Not degraded, not ready: 4.
-    rc, out = wait_until(lambda: (r := status(colad))[0] == 4 and "waiting: myway5.com/cola" in r[1] and r, 20,
-                         "status 4 while starting", logs=[colad.log_path])  # fmt: skip
+    rc, out = wait_until(
+        lambda: (r := status(colad))[0] == 4 and "waiting: myway5.com/cola" in r[1] and r,
+        20,
+        "status 4 while starting",
+        logs=[colad.log_path],
+    )
     assert "problem:" not in out, out
     assert "starting:   discovery, kubelet-watch, plugin (within supervisord's startsecs; not a problem)" in out, out
     kubelet.start()

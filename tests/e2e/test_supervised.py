@@ -123,13 +123,19 @@ PREFERRED = pb.PreferredAllocationRequest(
     ("method", "request_message", "field"),
     [
         ("GetPreferredAllocation", PREFERRED, "container_requests[0].available_deviceIDs[0]: not a device ID"),
-        ("Allocate", pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=LONG)]),
-         "container_requests[0].devices_ids[0]: not a device ID"),
-        ("PreStartContainer", pb.PreStartContainerRequest(devices_ids=["cola::" + "9" * 5000]),
-         "devices_ids[0]: replica index"),
+        (
+            "Allocate",
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=LONG)]),
+            "container_requests[0].devices_ids[0]: not a device ID",
+        ),
+        (
+            "PreStartContainer",
+            pb.PreStartContainerRequest(devices_ids=["cola::" + "9" * 5000]),
+            "devices_ids[0]: replica index",
+        ),
     ],
     ids=["preferred", "allocate", "pre-start"],
-)  # fmt: skip
+)
 def test_an_id_of_5000_digits_is_invalid_argument_in_the_supervised_plugin(
     colad: ColadService, kubelet: FakeKubelet, method: str, request_message: Message, field: str
 ) -> None:
@@ -280,7 +286,7 @@ def test_stop_tells_the_kubelet_the_devices_are_gone(short_tmp: Path, kubelet: F
 
 
 def test_the_start_waker_wakes_supervisord_once_and_is_reaped(colad: ColadService, kubelet: FakeKubelet) -> None:
-    """`colad supervise` forks a waker that ends supervisord's idle first poll (issue 14, cold start).
+    """`colad supervise` forks a waker that ends supervisord's idle first poll (cold start).
 
     It connects once when supervisord's pid file names it, logs one line, and exits 0; supervisord,
     its parent after the exec, reaps it: no process of it is left.

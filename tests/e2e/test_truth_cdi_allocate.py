@@ -1,4 +1,4 @@
-"""Allocate names a CDI device only when colad's spec on disk lists it (issue 15), real daemon.
+"""Allocate names a CDI device only when colad's spec on disk lists it, real daemon.
 
 With `cdi = "only"`, a device the spec file does not list (the spec deleted, its directory
 unusable so discovery cannot write it) is answered in the classic form (mounts, envs): a CDI

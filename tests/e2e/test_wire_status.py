@@ -1,4 +1,4 @@
-"""`colad status` names every Unhealthy device and why, from the plugin's state file (#15), end to end.
+"""`colad status` names every Unhealthy device and why, from the plugin's state file, end to end.
 
 Under the real supervisord: a device whose host path is missing (discovery's reason crosses the
 queue), a malformed device file (its problem) and one its file declares Unhealthy each get a line;

@@ -118,9 +118,10 @@ class _RegistrationServicer(pb_grpc.RegistrationServicer):
 class FakeKubelet:
     """The device manager of one kubelet for the resource its latest successful Register named.
 
-    Newest registration wins, as with clients keyed by (name, socket) since PR #135437: a superseded
-    stream is still read and recorded in `updates` but never changes `devices()`, and its end does not
-    mark the resource unhealthy (older kubelets would, #121994). `dial_timeout` only shortens tests.
+    Newest registration wins, as with clients keyed by (name, socket) since kubernetes/kubernetes#135437:
+    a superseded stream is still read and recorded in `updates` but never changes `devices()`, and its
+    end does not mark the resource unhealthy (older kubelets would, kubernetes/kubernetes#121994).
+    `dial_timeout` only shortens tests.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """Run one fuzz target under atheris: `python -m tests.fuzz.run_atheris TARGET [libFuzzer flags...]`.
 
-Crashing inputs are written to tests/fuzz/regressions/TARGET/ (keep them: they
+Crashing inputs are written to tests/fuzz/regressions/<TARGET>/ (keep them: they
 become regression tests). Needs `pip install atheris` (`make soak` does it).
 """
 

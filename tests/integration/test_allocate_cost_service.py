@@ -95,9 +95,13 @@ def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
 
 def expected_line(result: allocation.ContainerAllocation, check: bool) -> str:
     fields = {
-        "resource": COLA, "devices": ",".join(result.device_ids), "device_nodes": len(result.device_nodes),
-        "mounts": len(result.mounts), "cdi": len(result.cdi_devices), "check": check,
-    }  # fmt: skip
+        "resource": COLA,
+        "devices": ",".join(result.device_ids),
+        "device_nodes": len(result.device_nodes),
+        "mounts": len(result.mounts),
+        "cdi": len(result.cdi_devices),
+        "check": check,
+    }
     return f"msg=allocate {log.format_fields(fields)}"
 
 

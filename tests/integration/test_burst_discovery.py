@@ -1,4 +1,4 @@
-"""A burst of files ends in the exact list with a bounded number of publishes (issue 14).
+"""A burst of files ends in the exact list with a bounded number of publishes.
 
 Real files, real inotify, a real queue server; discovery's loop is stepped by hand against a clock
 the test moves, so the count of publishes is exact: a writer makes 20 files per 1 ms turn, and each

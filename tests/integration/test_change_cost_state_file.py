@@ -1,7 +1,7 @@
 """One device change costs the plugin one state-file write, holding both the new list and its send.
 
 A change is received, then its ListAndWatch send is reported ms later: the shell waits for the send
-(never longer than STATE_FILE_INTERVAL) and writes once, instead of once for each (#14). The plugin's
+(never longer than STATE_FILE_INTERVAL) and writes once, instead of once for each. The plugin's
 clock is the test's: "within the interval" is a step of that clock, never a wall-clock wait.
 """
 

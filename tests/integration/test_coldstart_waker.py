@@ -1,4 +1,4 @@
-"""The supervisord waker of `colad supervise` (issue 14, cold start) against a real listening Unix socket.
+"""The supervisord waker of `colad supervise` (cold start) against a real listening Unix socket.
 
 supervisord 4.2 spawns its programs only after its first poll(timeout=1 s) returns; the waker connects
 once when supervisord's pid file names it. Here the waker's body runs in a thread with this process (or

@@ -1,4 +1,4 @@
-"""Discovery's health overlay with real inotify, real probes and a real QueueServer (issue 15).
+"""Discovery's health overlay with real inotify, real probes and a real QueueServer.
 
 Host paths: a missing required device node or mount source makes the device Unhealthy (the
 watch follows a tree as it is created); an optional one is left out. Probes: healthy, failing

@@ -1,4 +1,4 @@
-"""Discovery against hostile device directories, with real inotify and a real QueueServer (issue 12).
+"""Discovery against hostile device directories, with real inotify and a real QueueServer.
 
 Same-size rewrites on a filesystem with one-second timestamps (a real ext2 loop
 mount), snapshots whose non-ASCII content exceeds the queue frame, a device
@@ -60,7 +60,7 @@ def wait_snapshot(
     return wait_until(ok, timeout, what)
 
 
-# --- finding 3: a same-size rewrite in the same timestamp tick --------------------------------
+# --- a same-size rewrite in the same timestamp tick -------------------------------------------
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_same_size_rewrite_in_the_same_second_is_not_missed(
     assert discovery.stats.counters.get("rescans.followup", 0) >= 1
 
 
-# --- finding 5: non-ASCII content over the frame limit ------------------------------------------
+# --- non-ASCII content over the frame limit -----------------------------------------------------
 
 
 def test_non_ascii_content_over_the_frame_limit_is_cut_counted_and_sent(
@@ -142,7 +142,7 @@ def test_non_ascii_content_over_the_frame_limit_is_cut_counted_and_sent(
     assert discovery.stats.counters["input.snapshot_too_large"] == 1
 
 
-# --- finding 7: a device directory that cannot be listed --------------------------------------
+# --- a device directory that cannot be listed -------------------------------------------------
 
 
 def test_a_symlink_loop_at_start_reports_no_devices_and_recovers(
@@ -183,7 +183,7 @@ def test_a_directory_turned_into_a_symlink_loop_keeps_its_devices_unhealthy(
     assert discovery.stats.counters["input.dir_unusable"] == 1
 
 
-# --- finding 1 (device-directory side): names that are no device IDs ---------------------------
+# --- names that are no device IDs --------------------------------------------------------------
 
 BAD_NAMES = [b"bad\xff\xfe", b"caf\xc3\xa9", b"x" * 64, b"a\nb", b"a\x07b", b".hidden", b"a,b"]
 

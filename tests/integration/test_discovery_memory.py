@@ -1,4 +1,4 @@
-"""What discovery holds per device once a burst has settled: one Device object, no copies (#14).
+"""What discovery holds per device once a burst has settled: one Device object, no copies.
 
 A real directory, real inotify, the role's own loop: files written just before the start are racy
 and read again when the window passes. After that follow-up, the set published, the advertised

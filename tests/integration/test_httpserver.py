@@ -73,9 +73,12 @@ def serve() -> Iterator[Callable[..., Served]]:
         metrics = Metrics()
         refused = metrics.http_refused
         server = MetricsServer(
-            metrics, "127.0.0.1:0", health,
-            on_refuse=lambda r: refused.labels(r).inc(), request_timeout=request_timeout,
-        )  # fmt: skip
+            metrics,
+            "127.0.0.1:0",
+            health,
+            on_refuse=lambda r: refused.labels(r).inc(),
+            request_timeout=request_timeout,
+        )
         assert server.start()
         made.append(Served(server, metrics))
         return made[-1]

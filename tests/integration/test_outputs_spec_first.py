@@ -1,4 +1,4 @@
-"""A device reaches the plugin's end of the queue only after colad's CDI spec on disk carries it (issue 15).
+"""A device reaches the plugin's end of the queue only after colad's CDI spec on disk carries it.
 
 Discovery over real inotify and a real QueueServer: the moment each snapshot arrives (in the
 server's own callback, before anything else runs on it), the spec file is read as Allocate

@@ -1,4 +1,4 @@
-"""A wake of the plugin's loop with nothing due publishes nothing new (#14): the skip loses no state.
+"""A wake of the plugin's loop with nothing due publishes nothing new: the skip loses no state.
 
 Plugin.run publishes after a timer wake only when on_timer() stepped something (an endpoint's timer,
 the safety check); a wake for the state file alone does not. On the test thread, as the life-cycle

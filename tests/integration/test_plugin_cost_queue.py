@@ -1,4 +1,4 @@
-"""The queue server's reused receive chunk (#14): frames arrive whole, whatever the reads cut them into.
+"""The queue server's reused receive chunk: frames arrive whole, whatever the reads cut them into.
 
 One byte stream of stats, snapshots (one larger than the chunk) and a bad frame at the end goes to a
 real QueueServer over a real socket, split at random points with a pause at each, so reads end

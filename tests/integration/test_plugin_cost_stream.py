@@ -1,4 +1,4 @@
-"""ListAndWatch sends each list's encoded bytes as they are (#14), over real gRPC on a Unix socket.
+"""ListAndWatch sends each list's encoded bytes as they are, over real gRPC on a Unix socket.
 
 What the kubelet receives must be protobuf's own serialization of the ListAndWatchResponse built
 from the devices (_device, one message per device), for random sets (IDs, health, NUMA nodes,

@@ -1,4 +1,4 @@
-"""The plugin's metrics, health and in-use watcher come after its first Register, and lose nothing (issue 14).
+"""The plugin's metrics, health and in-use watcher come after its first Register, and lose nothing.
 
 The life-cycle thread runs against the strict fake kubelet on the test's frozen clock, so it waits for
 discovery's first snapshot as long as the test likes: meanwhile nothing listens on the metrics address.

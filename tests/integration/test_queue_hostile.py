@@ -1,4 +1,4 @@
-"""The queue and the socket claim against hostile input (issue 12, findings 6 and 9; item 5 of H4).
+"""The queue and the socket claim against hostile input.
 
 Bad frames, a callback that fails, and every kind of object at a socket path:
 a real QueueServer on a real Unix socket, real files on disk. Also the

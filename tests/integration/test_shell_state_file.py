@@ -1,6 +1,6 @@
 """The plugin shell's state file: coalesced, never lost, exact at the end (in-process, against the fake kubelet).
 
-Every change used to cost a write per published event (received, then sent); the shell now writes
+A change does not cost a write per published event (received, then sent): the shell writes
 at once after a quiet spell and at most once per STATE_FILE_INTERVAL otherwise. The plugin's clock
 is the test's, so "within the interval" is a step of that clock, never a wall-clock wait.
 """

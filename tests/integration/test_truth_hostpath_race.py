@@ -1,4 +1,4 @@
-"""Host-path watches against a host that changes while discovery adds them (issue 15, real inotify).
+"""Host-path watches against a host that changes while discovery adds them (real inotify).
 
 The property test in test_discovery_health.py met these races about one run in three: a
 change between discovery's check of the host paths and its watch being in place. Here the

@@ -1,4 +1,4 @@
-"""Discovery's NFD feature file, end to end in-process: real inotify, a real QueueServer (issue 15).
+"""Discovery's NFD feature file, end to end in-process: real inotify, a real QueueServer.
 
 The file is written at start, rewritten on every change of the counts, and only ever replaced
 whole: a reader hammering it never sees a part, and the kernel reports the name only as a
@@ -28,9 +28,14 @@ RESOURCE = "example.com/cola"
 BASE = "example.com-cola"
 # Every way a name in features.d can come to hold new bytes (reads left out: the hammer's own).
 WRITES = (
-    pyinotify.IN_CREATE | pyinotify.IN_MODIFY | pyinotify.IN_CLOSE_WRITE | pyinotify.IN_ATTRIB
-    | pyinotify.IN_MOVED_TO | pyinotify.IN_MOVED_FROM | pyinotify.IN_DELETE
-)  # fmt: skip
+    pyinotify.IN_CREATE
+    | pyinotify.IN_MODIFY
+    | pyinotify.IN_CLOSE_WRITE
+    | pyinotify.IN_ATTRIB
+    | pyinotify.IN_MOVED_TO
+    | pyinotify.IN_MOVED_FROM
+    | pyinotify.IN_DELETE
+)
 
 
 class Hammer:

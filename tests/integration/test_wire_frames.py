@@ -1,4 +1,4 @@
-"""The queue frame carries any list the kubelet can take (#14), over a real QueueServer and QueueClient.
+"""The queue frame carries any list the kubelet can take, over a real QueueServer and QueueClient.
 
 226,600 short IDs ("0".."226599") are the most whose ListAndWatch protobuf fits the kubelet's
 4 MiB; the old 4 MiB JSON frame held only 203,806 of them. Now the whole snapshot crosses, sender

@@ -36,41 +36,54 @@ SET = DeviceSet.of(
 # mode, requested, (envs, device_nodes, mounts, annotations, cdi_devices)
 TABLE = [
     pytest.param(
-        "off", ["cola1", "cola2"],
+        "off",
+        ["cola1", "cola2"],
         ({"FW": "1,2", "COLA_DEVICES": "cola1,cola2"}, (NODE,), (MOUNT,), {"a.io/k": "v"}, ("vendor.com/gpu=0",)),
         id="off-is-todays-answer",
     ),
     pytest.param(
-        "both", ["cola1", "cola2"],
+        "both",
+        ["cola1", "cola2"],
         (
-            {"FW": "1,2", "COLA_DEVICES": "cola1,cola2"}, (NODE,), (MOUNT,), {"a.io/k": "v"},
+            {"FW": "1,2", "COLA_DEVICES": "cola1,cola2"},
+            (NODE,),
+            (MOUNT,),
+            {"a.io/k": "v"},
             (f"{R}=cola1", f"{R}=cola2", "vendor.com/gpu=0"),
         ),
         id="both-adds-cdi-names-first",
     ),
     pytest.param(
-        "only", ["cola1", "cola2"],
+        "only",
+        ["cola1", "cola2"],
         ({"COLA_DEVICES": "cola1,cola2"}, (), (), {"a.io/k": "v"}, (f"{R}=cola1", f"{R}=cola2", "vendor.com/gpu=0")),
         id="only-cdi-names-and-colas-own",
     ),
     pytest.param(
-        "only", ["cola3-", "cola1"],
+        "only",
+        ["cola3-", "cola1"],
         ({"ODD": "yes", "COLA_DEVICES": "cola3-,cola1"}, (), (), {"a.io/k": "v"}, (f"{R}=cola1",)),
         id="only-keeps-the-classic-answer-of-a-device-without-a-cdi-name",
     ),
     pytest.param(
-        "both", ["cola3-"], ({"ODD": "yes", "COLA_DEVICES": "cola3-"}, (), (), {}, ()),
+        "both",
+        ["cola3-"],
+        ({"ODD": "yes", "COLA_DEVICES": "cola3-"}, (), (), {}, ()),
         id="both-no-name-for-a-device-outside-the-spec",
     ),
     pytest.param(
-        "only", ["cola4::1", "cola4::0"],
+        "only",
+        ["cola4::1", "cola4::0"],
         (
-            {"COLA_DEVICES": "cola4", "COLA_REPLICAS": "cola4::1,cola4::0"}, (), (), {},
+            {"COLA_DEVICES": "cola4", "COLA_REPLICAS": "cola4::1,cola4::0"},
+            (),
+            (),
+            {},
             (f"{R}=cola4::1", f"{R}=cola4::0"),
         ),
         id="only-replicas-keep-colas-lists-in-request-order",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("mode, requested, expected", TABLE)
@@ -87,19 +100,44 @@ def test_no_cdi_names_when_the_resource_is_not_a_cdi_kind() -> None:
 
 # mode, what the spec file lists, requested -> (cdi_devices, device_nodes, FW env, cdi_unlisted)
 LISTED = [
-    pytest.param("both", {"cola1", "cola2"}, ["cola1", "cola2"],
-                 ((f"{R}=cola1", f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ()), id="both-all-listed"),
-    pytest.param("both", {"cola2"}, ["cola1", "cola2"],
-                 ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ("cola1",)), id="both-one-unlisted"),
-    pytest.param("only", {"cola2"}, ["cola1", "cola2"],
-                 ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1", ("cola1",)), id="only-unlisted-is-classic"),
-    pytest.param("only", set(), ["cola1", "cola2"],
-                 (("vendor.com/gpu=0",), (NODE,), "1,2", ("cola1", "cola2")), id="only-no-spec-is-all-classic"),
+    pytest.param(
+        "both",
+        {"cola1", "cola2"},
+        ["cola1", "cola2"],
+        ((f"{R}=cola1", f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ()),
+        id="both-all-listed",
+    ),
+    pytest.param(
+        "both",
+        {"cola2"},
+        ["cola1", "cola2"],
+        ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1,2", ("cola1",)),
+        id="both-one-unlisted",
+    ),
+    pytest.param(
+        "only",
+        {"cola2"},
+        ["cola1", "cola2"],
+        ((f"{R}=cola2", "vendor.com/gpu=0"), (NODE,), "1", ("cola1",)),
+        id="only-unlisted-is-classic",
+    ),
+    pytest.param(
+        "only",
+        set(),
+        ["cola1", "cola2"],
+        (("vendor.com/gpu=0",), (NODE,), "1,2", ("cola1", "cola2")),
+        id="only-no-spec-is-all-classic",
+    ),
     pytest.param("only", set(), ["cola3-"], ((), (), None, ()), id="a-device-outside-any-spec-is-not-unlisted"),
     pytest.param("off", set(), ["cola1"], ((), (NODE,), "1", ()), id="off-asks-no-spec"),
-    pytest.param("only", {"cola4::0"}, ["cola4::1", "cola4::0"],
-                 ((f"{R}=cola4::0",), (), None, ("cola4::1",)), id="only-replicas-by-their-own-names"),
-]  # fmt: skip
+    pytest.param(
+        "only",
+        {"cola4::0"},
+        ["cola4::1", "cola4::0"],
+        ((f"{R}=cola4::0",), (), None, ("cola4::1",)),
+        id="only-replicas-by-their-own-names",
+    ),
+]
 
 
 @pytest.mark.parametrize("mode, listed, requested, expected", LISTED)
@@ -190,9 +228,16 @@ def test_run_names_a_command_that_cannot_start() -> None:
 
 K = "1:2:3"
 READY = ResourceState(
-    R, state="registered", registered=True, devices=2, healthy=2, streams=1,
-    have_devices=True, list_sent=True, kubelet=K,
-)  # fmt: skip
+    R,
+    state="registered",
+    registered=True,
+    devices=2,
+    healthy=2,
+    streams=1,
+    have_devices=True,
+    list_sent=True,
+    kubelet=K,
+)
 
 
 def published(*resources: ResourceState, kubelet: str = K, heard: float = 100.0) -> Published:
@@ -236,9 +281,14 @@ def test_options_changed_registers_again_on_a_fresh_socket() -> None:
     from colad import registration as reg
 
     registered = reg.Registration(
-        started=0.0, phase=reg.Phase.REGISTERED, generation=3, endpoint="colad-1.sock", have_devices=True,
-        kubelet_identity=K, streams=((3, 1),),
-    )  # fmt: skip
+        started=0.0,
+        phase=reg.Phase.REGISTERED,
+        generation=3,
+        endpoint="colad-1.sock",
+        have_devices=True,
+        kubelet_identity=K,
+        streams=((3, 1),),
+    )
     state, effects = reg.step(registered, reg.OptionsChanged(), 10.0)
     assert effects == [reg.StopServer(3), reg.Serve(4, "options_changed")]
     assert state.generation == 4 and state.pending == "plugin options changed"

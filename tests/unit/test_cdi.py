@@ -413,5 +413,10 @@ def test_reader_of_no_directory_a_directory_in_the_way_and_an_unreadable_dir(tmp
 def test_fallback_notes_change_once_per_reason() -> None:
     notes = cdi.FallbackNotes()
     assert [notes.changed(r) for r in ("", "missing", "missing", "invalid", "", "")] == [
-        False, True, False, True, True, False,
-    ]  # fmt: skip
+        False,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]

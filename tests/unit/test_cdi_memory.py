@@ -1,4 +1,4 @@
-"""The CDI spec writer keeps no copy of a spec, and the spec joined from kept bytes stays exact (#14).
+"""The CDI spec writer keeps no copy of a spec, and the spec joined from kept bytes stays exact.
 
 SpecWriter's record of what it wrote is the file itself: an unchanged spec is not rewritten, one
 edited behind colad's back (same size, other bytes) or replaced by a FIFO is, and no write hangs.

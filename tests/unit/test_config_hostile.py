@@ -1,4 +1,4 @@
-"""Hostile configuration (issue 12, findings 2, 4 and the config half of 5), in process.
+"""Hostile configuration, in process: unusable paths and addresses, shared or nested device directories, sizes.
 
 Every config file, COLAD_* value or flag either loads into a Config that the roles can
 really use (checked by an oracle written apart from config.py: encodings, socket path
@@ -143,7 +143,7 @@ def check_outcome(flags: dict[str, Any], env: dict[str, str]) -> Config | str:
     return cfg
 
 
-# --- finding 2: paths and addresses the code cannot use -----------------------------------------
+# --- paths and addresses the code cannot use ----------------------------------------------------
 
 LONG = "/" + "d" * 90  # over every directory budget below 107 bytes
 BAD_VALUES = [
@@ -306,7 +306,7 @@ def test_problem_texts_stay_on_one_line_and_short(tmp_path: Path) -> None:
     assert "and 82 more" in message and len(message) < 5000
 
 
-# --- finding 4: one directory through two resources, or nested ---------------------------------
+# --- one directory through two resources, or nested --------------------------------------------
 
 
 def tables(*dirs: str) -> str:
@@ -384,7 +384,7 @@ def test_a_reload_with_an_alias_is_refused_and_the_running_config_stays(tmp_path
     assert [r.device_dir for r in running.resources] == ["/srv/a", "/srv/b"]
 
 
-# --- finding 5 (config half): replicas x IDs against the kubelet's 4 MiB -------------------------
+# --- replicas x IDs against the kubelet's 4 MiB --------------------------------------------------
 
 
 def encoded_list_size(files: int, replicas: int, numa_nodes: int) -> int:
@@ -647,7 +647,6 @@ USABLE: dict[str, list[object]] = {
     "supervisord_template": ["", "/etc/colad/supervisord.conf"],
     "pod_resources_socket": ["", "/" + "p" * 106],
     "pod_resources_interval": [10.0],
-    # issue 15
     "cdi": ["both", "only", "off"],
     "cdi_spec_dir": ["/var/run/cdi", "/etc/cdi"],
     "host_path_check": [True, False],

@@ -1,4 +1,4 @@
-"""Hostile device files and the pure rules discovery's limits rest on (issue 12, findings 3, 5, 6).
+"""Hostile device files and the pure rules discovery's limits rest on.
 
 Parsing has a budget: every adversarial class and thousands of random files
 parse in bounded time to a Device or an Unhealthy one with a reason. Snapshot
@@ -201,7 +201,7 @@ def test_random_files_parse_within_budget_and_never_raise(seed: int) -> None:
     assert worst < BUDGET_S, f"slowest random parse {worst:.2f} s"
 
 
-# --- exact sizes (finding 5) -----------------------------------------------------------------
+# --- exact sizes -----------------------------------------------------------------
 
 
 def _device(rng: random.Random, i: int) -> Device:
@@ -238,7 +238,7 @@ def test_snapshot_size_is_exact(seed: int) -> None:
 
 
 def test_non_ascii_content_is_measured_not_estimated() -> None:
-    """Finding 5: 60 KiB of 'é' per device is 360 KiB of JSON; forty of them exceed the 12 MiB frame."""
+    """60 KiB of 'é' per device is 360 KiB of JSON; forty of them exceed the 12 MiB frame."""
     heavy = Device(
         "heavy", envs=(("K", "é" * 4000),) * 1, annotations=tuple((f"example.com/k{i}", "é" * 4000) for i in range(15))
     )
@@ -269,7 +269,7 @@ def test_when_even_bare_entries_do_not_fit_the_last_ids_are_left_out() -> None:
     assert size == fitted.size <= 4000
 
 
-# --- the racily-clean rule (finding 3) ---------------------------------------------------------
+# --- the racily-clean rule ---------------------------------------------------------
 
 S = 1_000_000_000
 RACY_CASES = [

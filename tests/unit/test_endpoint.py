@@ -55,9 +55,16 @@ class FailingEndpoint(Endpoint):
 
 def context(tmp_path: Path, metrics: Metrics) -> Context:
     return Context(
-        str(tmp_path / "kubelet"), str(tmp_path / "kubelet" / "kubelet.sock"), 1.0, metrics,
-        SocketRecord(str(tmp_path / "sockets.json")), lambda _event: None, lambda: 0.0, Servers(), set,
-    )  # fmt: skip
+        str(tmp_path / "kubelet"),
+        str(tmp_path / "kubelet" / "kubelet.sock"),
+        1.0,
+        metrics,
+        SocketRecord(str(tmp_path / "sockets.json")),
+        lambda _event: None,
+        lambda: 0.0,
+        Servers(),
+        set,
+    )
 
 
 def failures(metrics: Metrics, effect: str) -> float | None:
@@ -87,9 +94,15 @@ def test_the_effects_after_a_failed_one_are_dropped_and_the_registration_backs_o
     metrics = Metrics()
     endpoint = FailingEndpoint(context(tmp_path, metrics), RuntimeError("can't start new thread"), (reg.StopServer,))
     endpoint.state = reg.Registration(
-        started=0.0, phase=reg.Phase.REGISTERED, generation=1, endpoint="colad-1.sock", calls=1,
-        kubelet_identity="1:2:3", have_devices=True, streams=((1, 1),),
-    )  # fmt: skip
+        started=0.0,
+        phase=reg.Phase.REGISTERED,
+        generation=1,
+        endpoint="colad-1.sock",
+        calls=1,
+        kubelet_identity="1:2:3",
+        have_devices=True,
+        streams=((1, 1),),
+    )
     endpoint.apply(reg.KubeletSeen("1:9:9", True, "watcher"), 10.0)
     error = "stop_server failed: RuntimeError: can't start new thread"
     # Serve(2) assumed the old server had stopped: never carried out; the machine's answer to the failure is.

@@ -1,4 +1,4 @@
-"""What each role imports on its way to work (issue 14, footprint): nothing it does not use.
+"""What each role imports on its way to work (footprint): nothing it does not use.
 
 Each case starts a fresh interpreter, imports what `colad <role>` imports (the CLI, the role module)
 and loads the default config as main() does, then lists sys.modules. A module named here costs every

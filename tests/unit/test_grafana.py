@@ -32,7 +32,7 @@ DS_REF = "${datasource}"
 # Labels Prometheus adds to every scraped series, and the histogram bucket label.
 TARGET_LABELS = {"instance", "job", "le", "__name__"}
 
-# What the issue asks the dashboard to show: each must appear in some panel's query.
+# What the dashboard must show: each must appear in some panel's query.
 REQUIRED_METRICS = {
     "colad_devices",
     "colad_allocate_requests_total",
@@ -65,9 +65,23 @@ RESOURCE_METRICS = {
 # Grafana's built-in interval variables, replaced by a duration before promtool sees the expression.
 GRAFANA_DURATIONS = {"__rate_interval": "5m", "__interval": "1m", "__range": "6h"}
 KEYWORDS = {
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "offset", "bool", "inf", "nan", "atan2", "start", "end",
-}  # fmt: skip
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+    "atan2",
+    "start",
+    "end",
+}
 IDENTIFIER = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)")
 STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')

@@ -131,10 +131,11 @@ def test_the_verdict_is_a_function_of_the_states_over_random_classes() -> None:
         out = result.devices.get("d")
         assert out is not None
         required_bad = [
-            p for p, optional, node in [(n.host_path, isinstance(n, OptionalNode), True) for n in nodes]
+            p
+            for p, optional, node in [(n.host_path, isinstance(n, OptionalNode), True) for n in nodes]
             + [(m.host_path, isinstance(m, OptionalMount), False) for m in mounts]
             if not optional and (not states.get(p, MISSING).exists or (node and not states[p].device))
-        ]  # fmt: skip
+        ]
         assert (out.health == UNHEALTHY) is bool(required_bad)
         assert ("d" in result.by_id) is bool(required_bad)
 

@@ -1,4 +1,4 @@
-"""Issue 15's config keys: each checked at load with a problem naming the key, per resource where it says so.
+"""Config keys of CDI, probes, prepares, host paths and pod resources: each checked at load, naming the key.
 
 CDI mode and spec directory, host-path checks, probes (per resource, overridable per device),
 prepare commands and their timeout below the kubelet's 30 s, the NFD feature file. Also the

@@ -1,4 +1,4 @@
-"""packaging/kubernetes/: the manifests validate against a pinned Kubernetes schema and keep what the issue requires.
+"""packaging/kubernetes/: the manifests validate against a pinned Kubernetes schema and keep what colad needs.
 
 kubernetes-validate (bundled JSON schemas, works offline) checks every built-in object in strict mode,
 which rejects unknown fields. The PodMonitor is a prometheus-operator CRD that it has no schema for: it is
@@ -41,16 +41,37 @@ KUBELET_DIRS = ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resourc
 RBAC_KINDS = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
 # Measured in the container's memory cgroup by bench/image_memory.py (README.md beside the manifests): the
 # working set with 10,000 devices, and the peak after a 10,000-file burst.
-MEASURED_WORKING_SET_MIB = 72.2  # issue 14, fifth round (was 79.2, then 100 before the fourth)
-MEASURED_PEAK_MIB = 78.4  # (was 84.3, then 106)
+MEASURED_WORKING_SET_MIB = 72.2
+MEASURED_PEAK_MIB = 78.4
 REQUEST_MARGIN = 1.3  # the request is the working set plus 30 %
 
 # The part of prometheus-operator's PodMonitor CRD (monitoring.coreos.com_podmonitors.yaml, v1) these
 # manifests use, closed with additionalProperties: false so a misspelt field fails.
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
-RELABEL_ACTIONS = ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
-                   "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
-                   "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]  # fmt: skip
+RELABEL_ACTIONS = [
+    "replace",
+    "Replace",
+    "keep",
+    "Keep",
+    "drop",
+    "Drop",
+    "hashmod",
+    "HashMod",
+    "labelmap",
+    "LabelMap",
+    "labeldrop",
+    "LabelDrop",
+    "labelkeep",
+    "LabelKeep",
+    "lowercase",
+    "Lowercase",
+    "uppercase",
+    "Uppercase",
+    "keepequal",
+    "KeepEqual",
+    "dropequal",
+    "DropEqual",
+]
 STRINGS = {"type": "array", "items": {"type": "string"}}
 POD_MONITOR_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -1,4 +1,4 @@
-"""Footprint of the per-device objects every role holds (#14): a Device keeps no dict of its own.
+"""Footprint of the per-device objects every role holds: a Device keeps no dict of its own.
 
 Measured with tracemalloc over 10,000 devices (what a large node holds, once in discovery and once
 in the plugin), and checked that what other modules keep on a Device (replicas, the CDI entry)

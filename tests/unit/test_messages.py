@@ -462,7 +462,7 @@ def test_snapshots_of_two_resources_are_two_streams() -> None:
     assert not tracker.accept(DeviceSnapshot(5, 2, DeviceSet(), resource="example.com/b"))
 
 
-# --- deltas and the set digest (#14) ---------------------------------------------------------
+# --- deltas and the set digest ---------------------------------------------------------
 
 A_DELTA = DeviceDelta(
     3, 9, 4, (Device("cola4"), Device("cola5", numa_nodes=(1,))), ("cola1",), 0x0123456789ABCDEF, False, "x.io/y"
@@ -552,7 +552,7 @@ def test_digest_follows_every_change_incrementally() -> None:
     assert set_digest([Device("a"), Device("b")]) == set_digest([Device("b"), Device("a")])
 
 
-# --- why a well-formed device is Unhealthy (#15) ---------------------------------------------
+# --- why a well-formed device is Unhealthy ---------------------------------------------
 
 
 def test_reason_round_trips_and_is_not_bare() -> None:
@@ -615,7 +615,7 @@ def test_clip_reason_makes_a_valid_reason() -> None:
     assert clip_reason("first\nsecond") == "first"
 
 
-# --- a device's own prepare crosses the queue to PreStartContainer (#15) --------------------
+# --- a device's own prepare crosses the queue to PreStartContainer --------------------
 
 
 def test_prepare_round_trips_none_empty_and_a_command() -> None:

@@ -201,9 +201,17 @@ def test_the_component_renders_and_only_the_reporter_holds_a_token(tmp_path: Pat
     objects = [d for d in yaml.safe_load_all(rendered.stdout) if d]
     kinds = sorted(d["kind"] for d in objects)
     assert kinds == sorted(
-        ["ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-         "Service", "NodeReadinessRule"]
-    )  # fmt: skip
+        [
+            "ServiceAccount",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "Service",
+            "NodeReadinessRule",
+        ]
+    )
     for obj in objects:
         if obj["kind"] != "NodeReadinessRule":
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

@@ -1,4 +1,4 @@
-"""The CDI spec and the NFD file built from kept parts equal the full build, byte for byte (issue 14).
+"""The CDI spec and the NFD file built from kept parts equal the full build, byte for byte.
 
 cdi.encode() joins the entries kept on each Device (as discovery holds them from change to
 change) and must give exactly cdi.build(name, replicate(set, replicas)).encode(): random

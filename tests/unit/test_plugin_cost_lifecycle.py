@@ -1,4 +1,4 @@
-"""The plugin's life-cycle thread per change (issue 14): no work that changes nothing.
+"""The plugin's life-cycle thread per change: no work that changes nothing.
 
 Every device change is a DevicesSeen for the registration: after the first it leaves the record
 as it was (the same object, no effects), from any state a random event sequence reaches. And
@@ -46,7 +46,7 @@ def test_devices_seen_after_the_first_is_the_same_record_and_no_effect(seed: int
         if state.have_devices and state.phase is not reg.Phase.STOPPED:
             again, effects = reg.step(state, reg.DevicesSeen(), now)
             assert again is state and effects == []
-            assert replace(state, have_devices=True) == state  # what the old code made, per change, for nothing
+            assert replace(state, have_devices=True) == state  # an equal copy per change would be work for nothing
             checked += 1
         state, _ = reg.step(state, random_event(rng, state), now)
     first, effects = reg.step(reg.Registration(started=0.0), reg.DevicesSeen(), 0.0)

@@ -1,4 +1,4 @@
-"""encoded_list's C-speed join (#14) gives protobuf's own bytes for every set a delta makes, or not.
+"""encoded_list's C-speed join gives protobuf's own bytes for every set a delta makes, or not.
 
 A set snapshots.Receiver builds from a delta names the devices it brought (UPSERTS): they are encoded
 first and the rest is joined with no Python step per device. Random delta sequences, with the base

@@ -70,7 +70,7 @@ UNHEALTHY = [
     ("queue", published(queue_problem="queue.sock is a FIFO"), None, "queue not listening: queue.sock is a FIFO"),
     ("state-file", published(state_file_problem="state file not written"), None, "state file not written"),
     ("reload-refused", published(reload=REFUSED), None, "last reload refused, the running config stays: bad key"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("pub", "roles", "needle"), [row[1:] for row in UNHEALTHY], ids=[row[0] for row in UNHEALTHY])
@@ -87,7 +87,7 @@ WAITING = [
     ("registering", published(replace(GOOD, state="registering", registered=False, streams=0)), None),
     ("no-stream-yet", published(replace(GOOD, streams=0)), None),
     ("plugin-in-startsecs", published(BACKOFF), RoleView((), ("plugin",))),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("pub", "roles"), [row[1:] for row in WAITING], ids=[row[0] for row in WAITING])
@@ -169,8 +169,10 @@ def test_status_without_an_answer_shows_the_file_as_not_live_and_never_healthy(
         assert isinstance(writer, dict)
         _stamped_file(path, **writer)
     report: dict[str, Any] = {
-        "processes": {"plugin": {"state": "RUNNING", "pid": plugin_pid, "uptime": 1}}, "problems": [], "waiting": [],
-    }  # fmt: skip
+        "processes": {"plugin": {"state": "RUNNING", "pid": plugin_pid, "uptime": 1}},
+        "problems": [],
+        "waiting": [],
+    }
     status._from_file(cfg, report, RoleView(), "no answer within 3s")
     assert report["source"]["live"] is False and note in report["source"]["writer"], report["source"]
     assert status.exit_code({"running": True, **report}) == 1

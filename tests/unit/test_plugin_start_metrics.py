@@ -1,4 +1,4 @@
-"""Metrics count before their registry exists (issue 14, cold start): nothing counted early is lost.
+"""Metrics count before their registry exists (cold start): nothing counted early is lost.
 
 The plugin builds prometheus_client's registry after its first Register; until then each family keeps
 what it counted. Property: whatever sequence of counts, observations, series made and removed, and
@@ -125,7 +125,15 @@ def test_the_plugin_loads_no_prometheus_client_http_server_or_prepare_before_reg
     modules = loaded("colad.plugin", tmp_path)
     assert "colad.plugin" in modules and "grpc" in modules
     unwanted = (
-        "prometheus_client", "colad.collectors", "colad.httpserver", "wsgiref", "http.server", "colad.status",
-        "xmlrpc.client", "colad.podresources", "colad.prestart", "colad.probes",
-    )  # fmt: skip
+        "prometheus_client",
+        "colad.collectors",
+        "colad.httpserver",
+        "wsgiref",
+        "http.server",
+        "colad.status",
+        "xmlrpc.client",
+        "colad.podresources",
+        "colad.prestart",
+        "colad.probes",
+    )
     assert sorted(m for m in unwanted if m in modules) == []

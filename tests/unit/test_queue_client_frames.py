@@ -1,4 +1,4 @@
-"""QueueClient keeps no full frame once it is sent (#14), and every new connection still starts full.
+"""QueueClient keeps no full frame once it is sent, and every new connection still starts full.
 
 A real listening Unix socket plays the plugin: the first connection gets the snapshot, a
 delta follows on it, and after the peer closes, the next connection gets the full latest

@@ -1,6 +1,6 @@
 """Unit tests for colad.registration: the life cycle as a table of (state, event) -> (state, effects).
 
-Each row names the edge and, where an end-to-end or chaos test (or a soak) found it, where.
+Each row names the edge and, where an end-to-end or chaos test covers it as well, that test.
 States are built from a few named fixtures below; `now` is 100.0 unless a row says otherwise.
 """
 
@@ -61,9 +61,15 @@ NEW_KUBELET = "1:9:9"
 STARTING = Registration(started=NOW - 1.0)
 # serving generation 1 on colad-1.sock, Register call 1 in flight
 REGISTERING = replace(
-    STARTING, phase=Phase.REGISTERING, generation=1, endpoint="colad-1.sock", call=1, calls=1,
-    kubelet_identity=KUBELET, have_devices=True,
-)  # fmt: skip
+    STARTING,
+    phase=Phase.REGISTERING,
+    generation=1,
+    endpoint="colad-1.sock",
+    call=1,
+    calls=1,
+    kubelet_identity=KUBELET,
+    have_devices=True,
+)
 # accepted, the kubelet's stream on generation 1 live
 REGISTERED = replace(REGISTERING, phase=Phase.REGISTERED, call=0, streams=((1, 1),))
 # accepted, but the kubelet has not dialled back yet
@@ -141,7 +147,7 @@ CASES = [
         ),
         [SendRegister(1, "colad-1.sock")],
         id="served-sends-register-on-the-new-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(STARTING, generation=1, answer_by=AWAIT, pending="start", endpoint="colad-1.sock", call=1, calls=1),
         RegisterSent(1, KUBELET),
@@ -156,7 +162,7 @@ CASES = [
         ),
         [Transition(Phase.STARTING, Phase.REGISTERING, "start", (("endpoint", "colad-1.sock"),))],
         id="register-sent-is-registering",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(STARTING, generation=1, answer_by=AWAIT, pending="start", endpoint="colad-1.sock", call=1, calls=1),
         RegisterSent(1, ""),
@@ -175,7 +181,7 @@ CASES = [
             Transition(Phase.STARTING, Phase.BACKOFF, "kubelet.sock absent"),
         ],
         id="kubelet-sock-absent-backs-off-keeping-the-server",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(STARTING, generation=1, pending="start", pending_cause="start", answer_by=AWAIT),
         EffectFailed(Serve(1, "start"), "OSError: cannot listen"),
@@ -193,7 +199,7 @@ CASES = [
             Transition(Phase.STARTING, Phase.BACKOFF, "serve failed: OSError: cannot listen"),
         ],
         id="serve-failed-backs-off",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(REGISTERING, generation=2),
         Served(1, "colad-old.sock"),
@@ -232,9 +238,9 @@ CASES = [
             Transition(Phase.REGISTERING, Phase.BACKOFF, "UNKNOWN: bad resource"),
         ],
         id="register-refused-backs-off-on-the-same-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
-        # soak finding (4fb0048, test_a_register_the_kubelet_carries_out_late_never_leaves_two_streams)
+        # a Register the kubelet carries out after its deadline (tests/e2e/test_plugin_contract.py)
         REGISTERING,
         RegisterDone(1, "DEADLINE_EXCEEDED: Deadline Exceeded", late=True),
         replace(
@@ -251,7 +257,7 @@ CASES = [
             Transition(Phase.REGISTERING, Phase.BACKOFF, "DEADLINE_EXCEEDED: Deadline Exceeded"),
         ],
         id="register-timed-out-may-land-late-so-the-retry-needs-a-fresh-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(REGISTERING, backoff=BACKOFF_MAX),
         RegisterDone(1, "UNAVAILABLE: x"),
@@ -268,7 +274,7 @@ CASES = [
             Transition(Phase.REGISTERING, Phase.BACKOFF, "UNAVAILABLE: x"),
         ],
         id="back-off-is-capped-at-5s",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(REGISTERING, call=2, calls=2),
         RegisterDone(1, None),
@@ -329,7 +335,7 @@ CASES = [
         ),
         [StopServer(1), Serve(2, "register_retry")],
         id="retry-after-a-late-register-serves-on-a-fresh-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(BACKOFF, retry_at=NOW + 0.3),
         Timer(),
@@ -359,7 +365,7 @@ CASES = [
         ),
         [StopServer(1), Serve(2, "kubelet_restart")],
         id="kubelet-restarted-serves-on-a-fresh-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
         # chaos kubelet_restart during kubelet_away: the new kubelet must not wait out a 5 s back-off
         replace(BACKOFF, backoff=BACKOFF_MAX, retry_at=NOW + 4.0),
@@ -377,7 +383,7 @@ CASES = [
         ),
         [StopServer(1), Serve(2, "kubelet_restart")],
         id="kubelet-restarted-during-back-off-resets-it-and-retries-at-once",
-    ),  # fmt: skip
+    ),
     pytest.param(
         REGISTERING,
         KubeletSeen(NEW_KUBELET, True, "periodic"),
@@ -393,7 +399,7 @@ CASES = [
         ),
         [CancelCall(1), StopServer(1), Serve(2, "kubelet_restart")],
         id="kubelet-restarted-while-registering-cancels-the-hanging-call",
-    ),  # fmt: skip
+    ),
     pytest.param(
         REGISTERED,
         KubeletSeen(KUBELET, False, "watcher"),
@@ -407,7 +413,7 @@ CASES = [
         ),
         [StopServer(1), Serve(2, "socket_removed")],
         id="own-socket-gone-serves-anew",
-    ),  # fmt: skip
+    ),
     pytest.param(
         # a report of the kubelet whose Register keeps failing (every new socket is one) waits for the back-off
         replace(BACKOFF, kubelet_identity=NEW_KUBELET, retry_at=NOW + 0.4),
@@ -488,7 +494,7 @@ CASES = [
         ),
         [StopServer(1), Serve(2, "stream_lost")],
         id="grace-over-without-a-stream-registers-on-a-fresh-socket",
-    ),  # fmt: skip
+    ),
     pytest.param(
         replace(REGISTERED, stream_check_at=NOW),
         Timer(),
@@ -632,8 +638,14 @@ FAILED_CASES = [
         replace(REGISTERED, generation=2, endpoint="", answer_by=AWAIT, pending="retry", pending_cause="stream_lost"),
         EffectFailed(StopServer(1), FAILURE),
         replace(
-            REGISTERED, phase=Phase.BACKOFF, generation=2, endpoint="", retry_at=NOW + BACKOFF_MIN, retry_fresh=True,
-            backoff=2 * BACKOFF_MIN, last_error=f"stop_server failed: {FAILURE}",
+            REGISTERED,
+            phase=Phase.BACKOFF,
+            generation=2,
+            endpoint="",
+            retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
+            backoff=2 * BACKOFF_MIN,
+            last_error=f"stop_server failed: {FAILURE}",
         ),
         [
             RetryAt(NOW + BACKOFF_MIN, BACKOFF_MIN, f"stop_server failed: {FAILURE}"),
@@ -656,8 +668,15 @@ FAILED_CASES = [
         replace(STARTING, generation=1, endpoint="colad-1.sock", call=1, calls=1, answer_by=AWAIT, pending="start"),
         EffectFailed(SendRegister(1, "colad-1.sock"), FAILURE),
         replace(
-            STARTING, phase=Phase.BACKOFF, generation=1, endpoint="colad-1.sock", calls=1, retry_at=NOW + BACKOFF_MIN,
-            retry_fresh=True, backoff=2 * BACKOFF_MIN, last_error=f"send_register failed: {FAILURE}",
+            STARTING,
+            phase=Phase.BACKOFF,
+            generation=1,
+            endpoint="colad-1.sock",
+            calls=1,
+            retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
+            backoff=2 * BACKOFF_MIN,
+            last_error=f"send_register failed: {FAILURE}",
         ),
         [
             CancelCall(1),
@@ -670,8 +689,13 @@ FAILED_CASES = [
         replace(STARTING, generation=1, answer_by=AWAIT, pending="start", pending_cause="start", have_devices=True),
         EffectFailed(GaveUpWaiting(INITIAL_DEVICES_WAIT), "OSError: [Errno 5] Input/output error"),
         replace(
-            STARTING, phase=Phase.BACKOFF, generation=1, have_devices=True, retry_at=NOW + BACKOFF_MIN,
-            retry_fresh=True, backoff=2 * BACKOFF_MIN,
+            STARTING,
+            phase=Phase.BACKOFF,
+            generation=1,
+            have_devices=True,
+            retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
+            backoff=2 * BACKOFF_MIN,
             last_error="gave_up_waiting failed: OSError: [Errno 5] Input/output error",
         ),
         [
@@ -705,7 +729,11 @@ FAILED_CASES = [
         REGISTERED,
         ServerDied(FAILURE),
         replace(
-            REGISTERED, phase=Phase.BACKOFF, retry_at=NOW + BACKOFF_MIN, retry_fresh=True, backoff=2 * BACKOFF_MIN,
+            REGISTERED,
+            phase=Phase.BACKOFF,
+            retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
+            backoff=2 * BACKOFF_MIN,
             last_error=f"server stopped serving: {FAILURE}",
         ),
         [
@@ -726,7 +754,12 @@ FAILED_CASES = [
         replace(BACKOFF, retry_at=None, generation=2, endpoint="", answer_by=NOW, pending="retry"),
         Timer(),
         replace(
-            BACKOFF, generation=2, endpoint="", retry_at=NOW + 0.4, retry_fresh=True, backoff=0.8,
+            BACKOFF,
+            generation=2,
+            endpoint="",
+            retry_at=NOW + 0.4,
+            retry_fresh=True,
+            backoff=0.8,
             last_error="no answer to the serve effect",
         ),
         [RetryAt(NOW + 0.4, 0.4, "no answer to the serve effect")],
@@ -736,8 +769,13 @@ FAILED_CASES = [
         replace(REGISTERING, answer_by=NOW),
         Timer(),
         replace(
-            REGISTERING, phase=Phase.BACKOFF, call=0, retry_at=NOW + BACKOFF_MIN, retry_fresh=True,
-            backoff=2 * BACKOFF_MIN, last_error="Register call 1 not answered in time",
+            REGISTERING,
+            phase=Phase.BACKOFF,
+            call=0,
+            retry_at=NOW + BACKOFF_MIN,
+            retry_fresh=True,
+            backoff=2 * BACKOFF_MIN,
+            last_error="Register call 1 not answered in time",
         ),
         [
             CancelCall(1),
@@ -751,8 +789,14 @@ FAILED_CASES = [
         replace(STARTING, generation=1, endpoint="colad-1.sock", call=1, calls=1, answer_by=AWAIT, pending="start"),
         RegisterSent(1, KUBELET, NOW + 20.0),
         replace(
-            STARTING, phase=Phase.REGISTERING, generation=1, endpoint="colad-1.sock", call=1, calls=1,
-            kubelet_identity=KUBELET, answer_by=NOW + 20.0,
+            STARTING,
+            phase=Phase.REGISTERING,
+            generation=1,
+            endpoint="colad-1.sock",
+            call=1,
+            calls=1,
+            kubelet_identity=KUBELET,
+            answer_by=NOW + 20.0,
         ),
         [Transition(Phase.STARTING, Phase.REGISTERING, "start", (("endpoint", "colad-1.sock"),))],
         id="register-sent-awaits-its-answer-until-the-calls-deadline",
@@ -764,7 +808,7 @@ FAILED_CASES = [
         [Accepted("colad-1.sock"), registered_transition(Phase.REGISTERING)],
         id="register-answered-awaits-nothing-more",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("state", "event", "expected", "effects"), FAILED_CASES)
@@ -871,11 +915,22 @@ def world_events(state: Registration, now: float, kubelet: str) -> list[tuple[Ev
 def shape(state: Registration, kubelet: str) -> tuple[object, ...]:
     """A state with its times, numbers and texts left out: the exploration visits each shape once."""
     return (
-        state.phase, bool(state.pending), bool(state.call), bool(state.endpoint), state.live_streams() > 0,
-        state.all_streams() > state.live_streams(), state.have_devices, state.withdrawing, state.retry_at is None,
-        state.retry_fresh, state.stream_check_at is None, state.answer_by is None, state.kubelet_identity == kubelet,
-        bool(kubelet), state.backoff == BACKOFF_MIN,
-    )  # fmt: skip
+        state.phase,
+        bool(state.pending),
+        bool(state.call),
+        bool(state.endpoint),
+        state.live_streams() > 0,
+        state.all_streams() > state.live_streams(),
+        state.have_devices,
+        state.withdrawing,
+        state.retry_at is None,
+        state.retry_fresh,
+        state.stream_check_at is None,
+        state.answer_by is None,
+        state.kubelet_identity == kubelet,
+        bool(kubelet),
+        state.backoff == BACKOFF_MIN,
+    )
 
 
 def explore() -> list[tuple[Registration, float, str]]:

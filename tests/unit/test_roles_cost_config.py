@@ -1,4 +1,4 @@
-"""A config or device file of comments only is read without tomllib, exactly as tomllib reads it (#14).
+"""A config or device file of comments only is read without tomllib, exactly as tomllib reads it.
 
 parse_toml's shortcut must agree with tomllib.loads on every text: the same table, or a refusal
 (ValueError) for the same texts. Random texts over the characters that decide it (comment marks,

@@ -1,4 +1,4 @@
-"""What the two small roles load on their way to work (#14): near a bare interpreter.
+"""What the two small roles load on their way to work: near a bare interpreter.
 
 A fresh interpreter imports what `colad <role>` imports and loads the config as main() does,
 with the shipped kind of config file (comments only), then lists sys.modules. tomllib (and the

@@ -154,7 +154,7 @@ def test_write_never_raises(tmp_path: Path) -> None:
     assert statefile.write_json(str(tmp_path / "x.json"), {"not": object()}) is False
 
 
-# --- the Unhealthy devices and why (#15) -----------------------------------------------------
+# --- the Unhealthy devices and why -----------------------------------------------------
 
 
 def test_unhealthy_devices_and_their_reasons_round_trip(tmp_path: Path) -> None:

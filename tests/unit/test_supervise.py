@@ -30,7 +30,7 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
     assert programs == ["plugin", "discovery", "kubelet-watch"]
     for name in programs:
         section = conf[f"program:{name}"]
-        # Signals stay blocked from exec to colad's own handling (issue 12, finding 8).
+        # Signals stay blocked from exec to colad's own handling .
         assert section["command"] == f"/usr/bin/env --block-signal=HUP,INT,TERM {sys.executable} -m colad {name}"
         assert section["autorestart"] == "true"
         assert section["stopasgroup"] == section["killasgroup"] == "true"

@@ -155,7 +155,7 @@ STICKY_OPEN = 0o1777
         "user-dir",
         "user-link-in-tmp",
         "user-entry-in-tmp",
-    ],  # fmt: skip
+    ],
 )
 def test_the_way_to_a_host_path_is_judged_but_not_what_it_names(
     dirs: list[tuple[str, int, int]], entries: list[tuple[str, int, int]], why: str | None

@@ -1,4 +1,4 @@
-"""The queue frame limit follows from the kubelet's (#14): JSON against protobuf, entry by entry, measured.
+"""The queue frame limit follows from the kubelet's: JSON against protobuf, entry by entry, measured.
 
 Whatever the kubelet sees of a device (ID, health, NUMA nodes) must fit the queue for every
 list the kubelet's 4 MiB takes, so messages.JSON_PER_PROTOBUF must bound the ratio of a device's
