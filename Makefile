@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PROTOC_VENV := .venv-protoc
 # The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
-# bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
+# bookworm's grpcio 1.51.1 (see docs/DEVELOPING.md, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
 DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml jsonschema
 # Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
