@@ -58,7 +58,7 @@ bench: setup
 		|| echo "bench: py-spy not installed; idle threads are named by comm only"
 	$(VENV)/bin/python -m bench.run --json bench/results/$$(date -u +%Y-%m-%d).json
 
-# Fault injection for SOAK_MINUTES (default 10), then the atheris fuzzers; ends with
+# The atheris fuzzers, then fault injection for SOAK_MINUTES (default 10); ends with
 # `faults=N recovered=N lost_devices=0` (docs/RELIABILITY.md). Needs root, like colad.
 SOAK_MINUTES ?= 10
 soak: setup

@@ -1,4 +1,4 @@
-"""systemd/colad.service: systemd accepts it, its sandbox is what docs/OPERATING.md says, and it never waits for the kubelet.
+"""systemd/colad.service: systemd accepts it, its sandbox is as docs/OPERATING.md says; it never waits for the kubelet.
 
 `systemd-analyze verify` exits 0 even on unknown keys and bad values, so stderr must be empty.
 It also insists that ExecStart's binary exists: /usr/bin/colad is there only where the .deb is
