@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PROTOC_VENV := .venv-protoc
 # The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
-# bookworm's grpcio 1.51.1 (see README, "gRPC stubs").
+# bookworm's grpcio 1.51.1 (see docs/DEVELOPING.md, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
 DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml jsonschema
 # Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
@@ -58,7 +58,7 @@ bench: setup
 		|| echo "bench: py-spy not installed; idle threads are named by comm only"
 	$(VENV)/bin/python -m bench.run --json bench/results/$$(date -u +%Y-%m-%d).json
 
-# Fault injection for SOAK_MINUTES (default 10), then the atheris fuzzers; ends with
+# The atheris fuzzers, then fault injection for SOAK_MINUTES (default 10); ends with
 # `faults=N recovered=N lost_devices=0` (docs/RELIABILITY.md). Needs root, like colad.
 SOAK_MINUTES ?= 10
 soak: setup

@@ -1,4 +1,4 @@
-"""Renders bench results as the plain-text table `make bench` prints and docs/PERFORMANCE.md carries.
+"""Renders bench results as the plain-text table `make bench` prints (docs/PERFORMANCE.md reads it).
 
 One row per figure with colad, the single-process baseline and their ratio
 (colad / baseline: below 1 means colad is faster or smaller), then memory and

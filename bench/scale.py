@@ -106,7 +106,7 @@ def figure(results: dict[str, Any], subject: str, count: int, path: str) -> floa
 
 
 def table(results: dict[str, Any]) -> str:
-    """The scale table as `make bench` prints it and docs/PERFORMANCE.md carries it."""
+    """The scale table as `make bench` prints it."""
     title = 'scale (IDs "0", "1", ...)'
     lines = [f"{title:<36}{'colad':>11}{'baseline':>11}{'ratio':>8}"]
     for count in results.get("scale_counts", []):

@@ -41,7 +41,7 @@ from tests.userns import InotifyLimits
 
 NOBODY = 65534
 RESOURCE = "myway5.com/cola"
-DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # README "Device IDs": anything else is skipped
+DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # docs/DEVICES.md "Device IDs": anything else is skipped
 LIMIT = 65536  # MAX_DEVICE_FILE_BYTES: larger device files are Unhealthy
 # tomllib-pathological device files: each must turn Unhealthy at once, never stall the others.
 SLOW_FILES = {

@@ -435,7 +435,7 @@ def test_max_devices_in_list_fits_and_one_more_may_not(replicas: int, numa_nodes
 
 def test_every_allowed_replicas_value_fits_one_device() -> None:
     assert all(config.max_devices_in_list(r) >= 1 for r in range(1, config.MAX_REPLICAS + 1))
-    assert config.max_devices_in_list(config.MAX_REPLICAS) == 10  # documented in the report / README
+    assert config.max_devices_in_list(config.MAX_REPLICAS) == 10  # documented in docs/OPERATING.md, "Configure"
 
 
 def test_a_replicas_value_that_cannot_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

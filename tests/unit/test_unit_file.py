@@ -1,4 +1,4 @@
-"""systemd/colad.service: systemd accepts it, its sandbox is what the README says, and it never waits for the kubelet.
+"""systemd/colad.service: systemd accepts it, its sandbox is as docs/OPERATING.md says; it never waits for the kubelet.
 
 `systemd-analyze verify` exits 0 even on unknown keys and bad values, so stderr must be empty.
 It also insists that ExecStart's binary exists: /usr/bin/colad is there only where the .deb is
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "colad.service"
 EXEC_START = "ExecStart=/usr/bin/colad supervise"
-# `systemd-analyze security` with systemd 252 (bookworm); the README quotes it.
+# `systemd-analyze security` with systemd 252 (bookworm); docs/OPERATING.md quotes it.
 EXPOSURE = "1.7 OK"
 
 
@@ -55,7 +55,7 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
 
 
-def test_security_exposure_is_the_one_the_readme_quotes() -> None:
+def test_security_exposure_is_the_one_the_operating_guide_quotes() -> None:
     result = subprocess.run(
         ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(UNIT)],
         capture_output=True,
@@ -66,8 +66,8 @@ def test_security_exposure_is_the_one_the_readme_quotes() -> None:
     match = re.search(r"Overall exposure level for colad\.service: (\d+\.\d+ \w+)", result.stdout)
     assert match, result.stdout
     assert match.group(1) == EXPOSURE, result.stdout
-    readme = (ROOT / "README.md").read_text()
-    assert f"exposure level **{EXPOSURE}**" in readme
+    guide = (ROOT / "docs" / "OPERATING.md").read_text()
+    assert f"exposure level **{EXPOSURE}**" in guide
 
 
 def test_never_ordered_after_or_bound_to_the_kubelet() -> None:
