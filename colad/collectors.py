@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from colad import constants
 from colad.inuse import InUse
 from colad.metrics import QUEUE_EVENTS, Peers
+from colad.roles import DISCOVERY, PLUGIN, QUEUE_PEERS
 from colad.statefile import PluginState
 
 RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
@@ -107,7 +108,7 @@ class PeerCollector:
 
     def collect(self) -> Iterator[Metric]:
         pids, counters = self.peers.snapshot()
-        discovery = counters.get("discovery", {})
+        discovery = counters.get(DISCOVERY.name, {})
         yield _stats_family(
             "colad_discovery_rescans",
             "Device directory rescans by discovery, by reason.",
@@ -134,8 +135,8 @@ class PeerCollector:
         )
         own = self.own()
         for event in QUEUE_EVENTS:
-            queue.add_metric(["plugin", event], own.get(event, 0))
-        for role in ("discovery", "kubelet-watch"):
+            queue.add_metric([PLUGIN.name, event], own.get(event, 0))
+        for role in QUEUE_PEERS:
             for event in ("sent", "dropped"):
                 queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))
         yield queue
@@ -147,14 +148,14 @@ class PeerCollector:
             labels=["role", "reason"],
         )
         for reason, value in sorted(self.own_inputs().items()):
-            inputs.add_metric(["plugin", reason], value)
+            inputs.add_metric([PLUGIN.name, reason], value)
         for role in sorted(counters):
             for name, value in sorted(counters[role].items()):
                 if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
                     inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
         yield inputs
         yield from _inotify_families(counters)
-        yield from self.processes.collect({"plugin": os.getpid(), "supervisord": os.getppid(), **pids})
+        yield from self.processes.collect({PLUGIN.name: os.getpid(), "supervisord": os.getppid(), **pids})
 
 
 class StateCollector:
@@ -248,7 +249,7 @@ def _inotify_families(counters: dict[str, dict[str, int]]) -> Iterator[Metric]:
         "Times a role entered the degraded mode (a kernel inotify limit kept a watch out).",
         labels=["role"],
     )
-    for role in ("discovery", "kubelet-watch"):
+    for role in QUEUE_PEERS:
         got = counters.get(role, {})
         for limit in ("max_user_instances", "max_user_watches"):
             degraded.add_metric([role, limit], got.get(constants.INOTIFY_DEGRADED + limit, 0))

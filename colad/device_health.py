@@ -22,6 +22,7 @@ import pyinotify
 from colad import cdi, devices, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
+from colad.device_rules import split_cdi_name
 from colad.devices import Device
 from colad.probes import PENDING, Probe, ProbeRunner, Verdict
 from colad.queue_client import StatsReporter
@@ -219,7 +220,7 @@ class HealthOutputs:
         if changed:
             by_resource: dict[str, set[str]] = {}
             for key in changed:
-                resource, _, device_id = key.partition("=")
+                resource, device_id = split_cdi_name(key)  # key(): the kind is the resource name
                 if resource in self.watches:
                     by_resource.setdefault(resource, set()).add(device_id)
             if by_resource:

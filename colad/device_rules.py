@@ -26,13 +26,24 @@ CDI_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?\Z")
 CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 
+def cdi_name(kind: str, device: str) -> str:
+    """The fully qualified CDI device name of `device` in `kind` (vendor/class): kind=device."""
+    return f"{kind}={device}"
+
+
+def split_cdi_name(name: str) -> tuple[str, str]:
+    """(kind, device) of a CDI device name, split at the first '=' (the inverse of cdi_name)."""
+    kind, _, device = name.partition("=")
+    return kind, device
+
+
 def show(value: object, limit: int = 60) -> str:
-    """A short one-line repr for a problem text."""
+    """A value for a problem text: repr (so no line break or invisible byte gets through), cut to `limit`."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def text_problem(value: str) -> str | None:
+def device_string_problem(value: str) -> str | None:
     """Why `value` cannot be a string sent to the kubelet (strict UTF-8, bounded, no NUL)."""
     try:
         size = len(value.encode("utf-8"))
@@ -45,9 +56,9 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def path_problem(path: str) -> str | None:
+def normalised_path_problem(path: str) -> str | None:
     """Why `path` is not an absolute, normalised path other than "/", or None."""
-    problem = text_problem(path)
+    problem = device_string_problem(path)
     if problem is not None:
         return problem
     if not path.startswith("/"):
@@ -112,8 +123,8 @@ def command_problem(command: tuple[str, ...]) -> str | None:
 
 def cdi_name_problem(name: str) -> str | None:
     """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
-    qualifier, _, device = name.partition("=")
-    vendor, _, cls = qualifier.partition("/")
+    kind, device = split_cdi_name(name)
+    vendor, _, cls = kind.partition("/")
     usable = CDI_VENDOR.match(vendor) and CDI_CLASS.match(cls) and CDI_DEVICE_NAME.match(device)
     if len(name) > MAX_DEVICE_STRING_BYTES or not usable:
         return f"{show(name)} is not a fully qualified CDI name vendor.com/class=name"

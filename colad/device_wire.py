@@ -18,7 +18,7 @@ except ImportError:  # an interpreter without the builtin module: the same funct
     from hashlib import blake2b
 
 from colad.constants import HEALTHY, MAX_DEVICE_LIST_ENTRIES, MAX_DEVICE_MAP_ENTRIES, UNHEALTHY
-from colad.device_rules import MAX_COMMAND_ARGS
+from colad.device_rules import MAX_COMMAND_ARGS, show
 from colad.devices import (
     HEALTH_VALUES,
     MAX_REASON_BYTES,
@@ -30,7 +30,7 @@ from colad.devices import (
     id_problem,
 )
 from colad.errors import MessageError
-from colad.messages import dumps, show
+from colad.messages import dumps
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 if TYPE_CHECKING:

@@ -16,7 +16,9 @@ from itertools import islice
 
 from colad.config import resource_name_problem
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from colad.device_rules import show
 from colad.errors import MessageError
+from colad.roles import QUEUE_PEERS
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB (#14); no annotation is evaluated at run time
 
@@ -123,7 +125,6 @@ class Stats:
         return f"{self.type}:{self.role}"
 
 
-ROLES = ("discovery", "kubelet-watch")
 MAX_COUNTERS = 64
 
 Message = DeviceSnapshot | DeviceDelta | KubeletState | Stats
@@ -134,12 +135,6 @@ def dumps(body: object) -> bytes:
     # ASCII on the wire (tests/unit/test_messages.py): any str encodes, a surrogate-escaped name too,
     # at the price of 6 bytes per non-ASCII character, which snapshot_size() counts exactly.
     return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
-def show(value: object, limit: int = 60) -> str:
-    """`value` for an error message: its repr, cut to `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- whole messages ------------------------------------------------------------------------
@@ -252,7 +247,7 @@ def decode(data: bytes | memoryview) -> Message:
         return KubeletState(epoch, seq)
     if kind == "stats":
         role = _need(body, "role", str)
-        if role not in ROLES:
+        if role not in QUEUE_PEERS:
             raise MessageError(f"unknown role {role!r}")
         counters = _need(body, "counters", dict)
         if len(counters) > MAX_COUNTERS:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from colad import dirpath
-from colad.device_rules import CDI_CLASS, CDI_VENDOR
+from colad.device_rules import CDI_CLASS, CDI_VENDOR, cdi_name
 from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
 TYPE_CHECKING = False  # typing costs a process ~0.5 MiB; no annotation is evaluated at run time
@@ -62,7 +62,7 @@ def cdi_spec_file(resource_name: str) -> str:
 def cdi_device_name(resource_name: str, device_id: str) -> str:
     """The fully qualified CDI name of an advertised ID, as Allocate answers it: the ID itself after '=',
     never rewritten, so two IDs never share a name (an ID that is no CDI name gets none: cdi.name_problem)."""
-    return f"{cdi_kind(resource_name)}={device_id}"
+    return cdi_name(cdi_kind(resource_name), device_id)
 
 
 def cdi_marker_name(device_id: str) -> str:

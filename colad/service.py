@@ -27,13 +27,12 @@ from colad.device_list import encoded_list, fit_list, to_response
 from colad.devices import DeviceSet, request_id_problem
 from colad.errors import AllocationError, RequestError
 from colad.metrics import Metrics
-from colad.names import DEFAULT_RESOURCE_NAME
+from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME
 
 LOG = log.get(__name__)
 # fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's;
 # DeviceBroadcast (broadcast.py) for the roles and tests that name it from here.
 __all__ = [
-    "CHECK_METADATA",
     "DeviceBroadcast",
     "DevicePluginServicer",
     "RegisterCall",
@@ -127,11 +126,8 @@ def request_pre_start(request: pb.PreStartContainerRequest) -> tuple[str, ...]:
     return request_ids("devices_ids", request.devices_ids)
 
 
-CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
-
-
 def _is_check(context: grpc.ServicerContext) -> bool:
-    return any(key == CHECK_METADATA for key, _value in (context.invocation_metadata() or ()))
+    return any(key == constants.CHECK_METADATA_KEY for key, _value in (context.invocation_metadata() or ()))
 
 
 @dataclass
@@ -149,7 +145,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         events: StreamEvents,
         metrics: Metrics,
         resource: str = DEFAULT_RESOURCE_NAME,
-        policy: Callable[[], str] = lambda: allocation.DEFAULT_REPLICA_POLICY,
+        policy: Callable[[], str] = lambda: DEFAULT_REPLICA_POLICY,
         *,
         cdi_mode: Callable[[], str] = lambda: "off",
         cdi_spec_dir: Callable[[], str] = lambda: "",
