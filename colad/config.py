@@ -19,7 +19,6 @@ from colad.config_checks import (
     SHOWN_CHARS,
     absolute_path_problem,
     address_problem,
-    command_problem,
     directory_problems,
     expiry_problem,
     in_flight_problem,
@@ -30,6 +29,7 @@ from colad.config_checks import (
     policy_problem,
     positive_problem,
     prepare_timeout_problem,
+    printable_command_problem,
     printable_text_problem,
     resource_name_problems,
     show_key,
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
-MAX_REPLICAS = constants.MAX_REPLICAS  # owned by constants: devices.py bounds replica IDs by it
 MAX_RESOURCES = 32
 # At most this many problems are spelled out in the one line of a ConfigError.
 MAX_PROBLEMS_SHOWN = 20
@@ -238,8 +237,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
 def _replicas_problem(value: int) -> str | None:
-    if not 1 <= value <= MAX_REPLICAS:
-        return f"must be a whole number from 1 to {MAX_REPLICAS}"
+    if not 1 <= value <= constants.MAX_REPLICAS:
+        return f"must be a whole number from 1 to {constants.MAX_REPLICAS}"
     if max_devices_in_list(value) < 1:
         return "cannot fit even one device in the kubelet's 4 MiB ListAndWatch message"
     return None
@@ -262,10 +261,10 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "cdi": lambda v: None if v in CDI_MODES else "must be one of " + ", ".join(CDI_MODES),
     "cdi_spec_dir": spec_dir_problem,
     "probe_max_in_flight": in_flight_problem,
-    "probe": command_problem,
+    "probe": printable_command_problem,
     "probe_timeout": positive_problem,
     "probe_interval": positive_problem,
-    "prepare": command_problem,
+    "prepare": printable_command_problem,
     "prepare_timeout": prepare_timeout_problem,
     "nfd_features_file": lambda v: None if v == "" else absolute_path_problem(v),
     "nfd_label_prefix": label_prefix_problem,

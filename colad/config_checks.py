@@ -170,7 +170,7 @@ def positive_problem(value: float) -> str | None:
     return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
 
 
-def command_problem(value: tuple[str, ...]) -> str | None:
+def printable_command_problem(value: tuple[str, ...]) -> str | None:
     """Why `value` cannot be a probe or prepare command, or None (device_rules.command_problem, plus text rules)."""
     for i, arg in enumerate(value):
         if problem := printable_text_problem(arg):

@@ -14,6 +14,7 @@ from colad.constants import MAX_DEVICE_STRING_BYTES, RESERVED_ENV_PREFIX
 from colad.names import is_dns1123_subdomain, is_qualified_name
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # CDI's names, the one definition (cdi.py's spec kinds and device names, device files' cdi_devices):
 # "vendor/class=name", split at the first '/' and the first '=' (container-device-interface
 # pkg/parser/parser.go: ParseQualifiedName, ValidateVendorName, ValidateClassName,
@@ -35,6 +36,11 @@ def split_cdi_name(name: str) -> tuple[str, str]:
     """(kind, device) of a CDI device name, split at the first '=' (the inverse of cdi_name)."""
     kind, _, device = name.partition("=")
     return kind, device
+
+
+def one_line(text: str) -> str:
+    """`text` for a reason or problem text: every run of control characters a blank, stripped."""
+    return _CONTROL.sub(" ", text).strip()
 
 
 def show(value: object, limit: int = 60) -> str:

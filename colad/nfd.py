@@ -19,7 +19,7 @@ from colad.namemap import NFD_LABEL_SUFFIXES, nfd_label_base
 from colad.names import is_dns1123_subdomain, is_qualified_name
 
 DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/colad"
-MAX_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
+MAX_FEATURE_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
 
 
 @dataclass(frozen=True)

@@ -369,7 +369,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
+DEVICE_PLUGIN_SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
 # Served with no serializer: its lists are bytes already (encoded_list). A serializer would parse each into
 # a message and serialize it again: ~2 ms of the stream thread per change at 10,000 devices.
 SENT_AS_ENCODED = ("ListAndWatch",)
@@ -401,7 +401,12 @@ class Workers(futures.ThreadPoolExecutor):
 def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
     """A server bound to `socket_path`, not yet started; every method of the service through rpc.handlers."""
     served = rpc.handlers(
-        SERVICE, servicer, pb, servicer.metrics.rpc_errors, raw=SENT_AS_ENCODED, fields={"resource": servicer.resource}
+        DEVICE_PLUGIN_SERVICE,
+        servicer,
+        pb,
+        servicer.metrics.rpc_errors,
+        raw=SENT_AS_ENCODED,
+        fields={"resource": servicer.resource},
     )
     server = grpc.server(
         Workers(WORKERS, "grpc"),

@@ -435,12 +435,12 @@ def test_max_devices_in_list_fits_and_one_more_may_not(replicas: int, numa_nodes
 
 
 def test_every_allowed_replicas_value_fits_one_device() -> None:
-    assert all(max_devices_in_list(r) >= 1 for r in range(1, config.MAX_REPLICAS + 1))
-    assert max_devices_in_list(config.MAX_REPLICAS) == 10  # documented in the report / README
+    assert all(max_devices_in_list(r) >= 1 for r in range(1, constants.MAX_REPLICAS + 1))
+    assert max_devices_in_list(constants.MAX_REPLICAS) == 10  # documented in the report / README
 
 
 def test_a_replicas_value_that_cannot_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config, "MAX_REPLICAS", 100_000)
+    monkeypatch.setattr(constants, "MAX_REPLICAS", 100_000)
     assert "cannot fit even one device" in load_error(env={"COLAD_REPLICAS": "20000"})
     assert load({}, {"COLAD_REPLICAS": "10000"}).replicas == 10000
 
