@@ -16,7 +16,6 @@ import sys  # noqa: E402
 
 from colad.roles import ROLE_NAMES, ROLES  # noqa: E402
 
-# The roles (ROLE_NAMES) take the blocked signals themselves once they can act on them.
 # Long-running commands for which a stop during start-up is a clean exit and SIGHUP means nothing
 # (supervisord installs its own handler after exec).
 DAEMON_COMMANDS = frozenset({"supervise"})
@@ -52,6 +51,7 @@ if __name__ == "__main__":
             os.nice(nice)
         except OSError:
             pass  # setpriority is refused by colad.service's SystemCallFilter=~@resources: run at normal priority
+    # A role takes the blocked signals itself once it can act on them.
     if command_of(sys.argv[1:]) not in ROLE_NAMES:
         restore_signals(command_of(sys.argv[1:]))
 
