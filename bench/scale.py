@@ -16,19 +16,16 @@ from typing import Any
 from bench import measure
 from bench.subjects import Baseline, Colad, Subject
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from colad.device_list import list_entry
+from colad.devices import Device
 from tests.helpers import WaitTimeout
 
 HEALTHY = "Healthy"
 
 
-def _varint_len(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
 def entry_bytes(device_id: str, health: str = HEALTHY) -> int:
     """Encoded size of one `Device{ID, health}` inside ListAndWatchResponse (field 1, length-delimited)."""
-    inner = 1 + _varint_len(len(device_id)) + len(device_id) + 1 + _varint_len(len(health)) + len(health)
-    return 1 + _varint_len(inner) + inner
+    return len(list_entry(Device(device_id, health)))
 
 
 def max_fit(limit: int = KUBELET_MAX_RECV_MESSAGE_BYTES) -> int:

@@ -14,8 +14,8 @@ signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
 import os  # noqa: E402  (after the mask, on purpose)
 import sys  # noqa: E402
 
-# The roles supervisord starts that take the blocked signals themselves once they can act on them.
-ROLE_COMMANDS = frozenset({"discovery", "plugin", "kubelet-watch"})
+from colad.roles import ROLE_NAMES, ROLES  # noqa: E402
+
 # Long-running commands for which a stop during start-up is a clean exit and SIGHUP means nothing
 # (supervisord installs its own handler after exec).
 DAEMON_COMMANDS = frozenset({"supervise"})
@@ -45,19 +45,14 @@ def restore_signals(command: str) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
 
 
-# supervisord starts the three roles at once on a node's CPUs; the plugin's Register waits on its own
-# start and discovery's first snapshot, not on kubelet-watch: the plugin stats kubelet.sock itself at
-# start (kubelet-watch's report is a hint it checks; it also re-registers when its stream ends).
-NICE_COMMANDS = {"kubelet-watch": 10}
-
-
 if __name__ == "__main__":
-    if command_of(sys.argv[1:]) in NICE_COMMANDS:
+    if nice := next((r.nice for r in ROLES if r.name == command_of(sys.argv[1:])), 0):
         try:
-            os.nice(NICE_COMMANDS[command_of(sys.argv[1:])])
+            os.nice(nice)
         except OSError:
             pass  # setpriority is refused by colad.service's SystemCallFilter=~@resources: run at normal priority
-    if command_of(sys.argv[1:]) not in ROLE_COMMANDS:
+    # A role takes the blocked signals itself once it can act on them.
+    if command_of(sys.argv[1:]) not in ROLE_NAMES:
         restore_signals(command_of(sys.argv[1:]))
 
     from colad.cli import main

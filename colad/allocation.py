@@ -20,16 +20,11 @@ from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV
 from colad.device_rules import cdi_device_name_problem
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, base_id
 from colad.errors import AllocationError
+from colad.names import CDI_MODES, DEFAULT_REPLICA_POLICY
 
-# How GetPreferredAllocation places replicas: "spread" over devices, or "pack" onto few.
-REPLICA_POLICIES = ("spread", "pack")
-DEFAULT_REPLICA_POLICY = REPLICA_POLICIES[0]
 # Up to this many NUMA nodes besides those of must_include, preferred() tries every
 # combination (at most 2**8 = 256); above it, it adds nodes greedily.
 EXACT_NUMA_SEARCH_LIMIT = 8
-# Allocate's CDI answer (the config key `cdi`): "both" = the classic answer plus a CDI name per
-# device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
-CDI_MODES = ("both", "only", "off")
 CDI_NAMING = CDI_MODES[:2]  # the modes that name colad's CDI devices
 # Answers kept per device set (answer()): a set lives until the next change, and beyond this many
 # different requests on one set each is worked out again (~1.5 KiB an answer of two devices: ~200 KiB a set).

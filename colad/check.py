@@ -24,7 +24,7 @@ from colad.devices import base_id
 from colad.statefile import PluginState, StateFileError
 
 # Sent on every call, so the plugin can keep check calls out of its allocation metrics.
-CHECK_METADATA = (("x-colad-check", "1"),)
+CHECK_METADATA = ((constants.CHECK_METADATA_KEY, "1"),)
 EXIT_OK, EXIT_WRONG, EXIT_NOTHING = 0, 1, 3
 
 

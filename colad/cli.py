@@ -13,24 +13,21 @@ import sys
 from colad import __version__
 from colad import config as config_mod
 from colad.errors import ConfigError
+from colad.roles import ROLE_NAMES, ROLES
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     import argparse
 
-ROLES = {
-    "discovery": ("colad.discovery", "watch the device directory and publish device snapshots"),
-    "plugin": ("colad.plugin", "serve the device plugin API to the kubelet and keep it registered"),
-    "kubelet-watch": ("colad.kubelet_watch", "tell the plugin when the kubelet restarts"),
+# Every subcommand: name -> (module whose main() it runs, one-line help); the roles first.
+COMMANDS = {
+    **{role.name: (role.module, role.summary) for role in ROLES},
     "supervise": ("colad.supervise", "run all three roles under supervisord in the foreground"),
     "reload": ("colad.reload", "check the config file, then have the running colad apply it"),
     "status": ("colad.status", "show each process, the registration and the device count"),
     "kubelet-sim": ("colad.kubelet_sim", "a kubelet stand-in: accept a registration, list devices, allocate"),
     "check": ("colad.check", "dial the plugin socket(s) like the kubelet: list, then Allocate each device"),
 }
-
-# How supervisord starts a role: its name alone, nothing to parse (argparse is ~0.25 MiB per role).
-BARE_ROLES = frozenset({"discovery", "plugin", "kubelet-watch"})
 
 CONFIG_FLAGS = {
     "config": "path of the TOML config file (env COLAD_CONFIG; default /etc/colad/colad.toml)",
@@ -57,8 +54,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="colad", description="Kubernetes device plugin for files in a directory.")
     parser.add_argument("--version", action="version", version=f"colad {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (_module, text) in ROLES.items():
-        if command in ROLES and name != command:
+    for name, (_module, text) in COMMANDS.items():
+        if command in COMMANDS and name != command:
             continue
         child = sub.add_parser(name, parents=[common], help=text, description=text)
         extra = getattr(importlib.import_module("colad.cli_args"), name.replace("-", "_"), None)
@@ -72,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     # Only --version and --help come before the command, so its name is the first non-option word.
     command = next((word for word in words if not word.startswith("-")), None)
     args: argparse.Namespace | None = None
-    if words == [command] and command in BARE_ROLES:
+    # How supervisord starts a role: its name alone, nothing to parse (argparse is ~0.25 MiB per role).
+    if words == [command] and command in ROLE_NAMES:
         flags: dict[str, str | None] = dict.fromkeys(CONFIG_FLAGS)
     else:
         args = build_parser(command).parse_args(words)
@@ -83,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colad: {exc}", file=sys.stderr)
         return 2
     assert command is not None
-    module = importlib.import_module(ROLES[command][0])
+    module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(args, cfg))
 
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-# As config.py checks configured socket paths: gRPC reads "unix:<path>" as a URI, and a
-# Unix socket path holds at most 107 bytes.
-_GRPC_UNSAFE = "%?#,"
-_SUN_PATH_MAX_BYTES = 107
+from colad.constants import GRPC_UNSAFE_PATH_CHARS, SUN_PATH_MAX_BYTES
 
 
 def _seconds(text: str) -> float:
@@ -29,10 +26,10 @@ def _socket_path(text: str) -> str:
         size = len(os.path.abspath(text).encode("utf-8"))
     except UnicodeEncodeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8") from None
-    if not text.isprintable() or set(text) & set(_GRPC_UNSAFE):
-        raise argparse.ArgumentTypeError(f"{text!r}: no control characters or any of {_GRPC_UNSAFE!r}")
-    if size > _SUN_PATH_MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes, over the {_SUN_PATH_MAX_BYTES} of a socket path")
+    if not text.isprintable() or set(text) & set(GRPC_UNSAFE_PATH_CHARS):
+        raise argparse.ArgumentTypeError(f"{text!r}: no control characters or any of {GRPC_UNSAFE_PATH_CHARS!r}")
+    if size > SUN_PATH_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is {size} bytes, over the {SUN_PATH_MAX_BYTES} of a socket path")
     return text
 
 

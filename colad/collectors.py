@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from colad import constants
 from colad.inuse import InUse
+from colad.roles import DISCOVERY, PLUGIN, QUEUE_PEERS
 from colad.statefile import PluginState
 
 RESCAN_REASONS = ("start", "inotify", "overflow", "periodic", "directory", "followup", "hostpath", "probe")
@@ -106,7 +107,7 @@ class PeerCollector:
 
     def collect(self) -> Iterator[Metric]:
         pids, counters = self.peers()
-        discovery = counters.get("discovery", {})
+        discovery = counters.get(DISCOVERY.name, {})
         yield _stats_family(
             "colad_discovery_rescans",
             "Device directory rescans by discovery, by reason.",
@@ -132,8 +133,8 @@ class PeerCollector:
             "colad_queue_messages", "Local queue messages by process role and event.", labels=["role", "event"]
         )
         for event, value in self.own().items():
-            queue.add_metric(["plugin", event], value)
-        for role in ("discovery", "kubelet-watch"):
+            queue.add_metric([PLUGIN.name, event], value)
+        for role in QUEUE_PEERS:
             for event in ("sent", "dropped"):
                 queue.add_metric([role, event], counters.get(role, {}).get(f"queue.{event}", 0))
         yield queue
@@ -145,14 +146,14 @@ class PeerCollector:
             labels=["role", "reason"],
         )
         for reason, value in sorted(self.own_inputs().items()):
-            inputs.add_metric(["plugin", reason], value)
+            inputs.add_metric([PLUGIN.name, reason], value)
         for role in sorted(counters):
             for name, value in sorted(counters[role].items()):
                 if name.startswith(INPUT_PREFIX) and len(name) > len(INPUT_PREFIX):
                     inputs.add_metric([role, name[len(INPUT_PREFIX) :]], value)
         yield inputs
         yield from _inotify_families(counters)
-        yield from self.processes.collect({"plugin": os.getpid(), "supervisord": os.getppid(), **pids})
+        yield from self.processes.collect({PLUGIN.name: os.getpid(), "supervisord": os.getppid(), **pids})
 
 
 class StateCollector:
@@ -246,7 +247,7 @@ def _inotify_families(counters: dict[str, dict[str, int]]) -> Iterator[Metric]:
         "Times a role entered the degraded mode (a kernel inotify limit kept a watch out).",
         labels=["role"],
     )
-    for role in ("discovery", "kubelet-watch"):
+    for role in QUEUE_PEERS:
         got = counters.get(role, {})
         for limit in ("max_user_instances", "max_user_watches"):
             degraded.add_metric([role, limit], got.get(constants.INOTIFY_DEGRADED + limit, 0))

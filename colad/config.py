@@ -17,35 +17,34 @@ from dataclasses import dataclass, field
 
 from colad import constants, dirpath, trust
 from colad.config_checks import (
-    CDI_MODES,
+    SHOWN_CHARS,
+    absolute_path_problem,
     address_problem,
     alias_problems,
-    command_problem,
     expiry_problem,
     in_flight_problem,
     label_prefix_problem,
     level_problem,
-    max_devices_in_list,
     owner_uids,
     owners_problem,
-    path_problem,
     policy_problem,
     positive_problem,
     prepare_timeout_problem,
-    show,
+    printable_command_problem,
+    printable_text_problem,
     show_key,
     show_path,
     socket_dir_problem,
     socket_file_problem,
     spec_dir_problem,
-    text_problem,
 )
-from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.config_input import convert, read_file
+from colad.device_rules import show
 from colad.errors import ConfigError
 from colad.files import MAX_NAME_BYTES, NAME_MAX_BYTES
+from colad.list_size import max_devices_in_list
 from colad.namemap import cdi_kind, cdi_kind_problem, cdi_spec_file, nfd_label_base, nfd_label_keys
-from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
+from colad.names import CDI_MODES, DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ if TYPE_CHECKING:
 
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
-MAX_REPLICAS = constants.MAX_REPLICAS  # owned by constants: devices.py bounds replica IDs by it
 MAX_RESOURCES = 32
 # At most this many problems are spelled out in the one line of a ConfigError.
 MAX_PROBLEMS_SHOWN = 20
@@ -255,8 +253,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
 def _replicas_problem(value: int) -> str | None:
-    if not 1 <= value <= MAX_REPLICAS:
-        return f"must be a whole number from 1 to {MAX_REPLICAS}"
+    if not 1 <= value <= constants.MAX_REPLICAS:
+        return f"must be a whole number from 1 to {constants.MAX_REPLICAS}"
     if max_devices_in_list(value) < 1:
         return "cannot fit even one device in the kubelet's 4 MiB ListAndWatch message"
     return None
@@ -264,14 +262,14 @@ def _replicas_problem(value: int) -> str | None:
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "resource_name": resource_name_problem,
-    "device_dir": path_problem,
+    "device_dir": absolute_path_problem,
     "kubelet_dir": socket_dir_problem("kubelet_dir"),
     "run_dir": socket_dir_problem("run_dir"),
     "metrics_address": lambda v: None if v == "" else address_problem(v),
     "log_level": level_problem,
     "rescan_interval": positive_problem,
     "register_timeout": positive_problem,
-    "supervisord_template": lambda v: None if v == "" else path_problem(v),
+    "supervisord_template": lambda v: None if v == "" else absolute_path_problem(v),
     "replicas": _replicas_problem,
     "replica_policy": policy_problem,
     "pod_resources_socket": lambda v: None if v == "" else socket_file_problem(v),
@@ -279,12 +277,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "cdi": lambda v: None if v in CDI_MODES else "must be one of " + ", ".join(CDI_MODES),
     "cdi_spec_dir": spec_dir_problem,
     "probe_max_in_flight": in_flight_problem,
-    "probe": command_problem,
+    "probe": printable_command_problem,
     "probe_timeout": positive_problem,
     "probe_interval": positive_problem,
-    "prepare": command_problem,
+    "prepare": printable_command_problem,
     "prepare_timeout": prepare_timeout_problem,
-    "nfd_features_file": lambda v: None if v == "" else path_problem(v),
+    "nfd_features_file": lambda v: None if v == "" else absolute_path_problem(v),
     "nfd_label_prefix": label_prefix_problem,
     "nfd_expiry": expiry_problem,
     "trusted_owners": owners_problem,
@@ -302,7 +300,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
     path = flags.pop("config", None) or env.get("COLAD_CONFIG") or None
     explicit = path is not None
     path = str(path) if path else DEFAULT_CONFIG_PATH
-    if not os.path.isabs(path) and text_problem(path) is None:
+    if not os.path.isabs(path) and printable_text_problem(path) is None:
         # The children (supervisord's, with their own working directory) re-read it on reload.
         try:
             path = dirpath.absolute(path)
@@ -347,7 +345,7 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
             continue
         problem = _CHECKS.get(name, lambda _v: None)(value)
         if problem:
-            problems.append(f"{name} ({sources[name]}): {show(value)} {problem}")
+            problems.append(f"{name} ({sources[name]}): {show(value, SHOWN_CHARS)} {problem}")
             continue
         final[name] = value
     failed = set(values) - set(final)
@@ -418,7 +416,7 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
             value, problem = _table_value(key, table[key])
             check = _CHECKS["resource_name" if key == "name" else key]
             if problem is None and (why := check(value)) is not None:
-                problem = f"{show(value)} {why}"
+                problem = f"{show(value, SHOWN_CHARS)} {why}"
             if problem is not None:
                 problems.append(f"{where}.{key} ({source}): {problem}")
             values[key] = value
@@ -429,7 +427,9 @@ def _resource_tables(raw: object, source: str, problems: list[str]) -> tuple[tup
     seen: set[str] = set()
     for resource in result:  # directories: see _directory_problems
         if resource.name in seen:
-            problems.append(f"resources ({source}): name {show(resource.name)} is used by more than one resource")
+            problems.append(
+                f"resources ({source}): name {show(resource.name, SHOWN_CHARS)} is used by more than one resource"
+            )
         seen.add(resource.name)
     return tuple(result), labels
 

@@ -17,28 +17,22 @@ from collections.abc import Callable, Sequence
 
 from colad import constants, dirpath
 from colad.device_rules import command_problem as devices_command_problem
+from colad.device_rules import show
 from colad.names import REPLICA_POLICIES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-# Allocate's CDI answer (allocation.py): the classic answer plus CDI names, CDI names alone, or none.
-CDI_MODES = ("both", "only", "off")
 # The kubelet gives PreStartContainer 30 s (k8s.io/kubelet pkg/apis/deviceplugin/v1beta1/constants.go
 # KubeletPreStartContainerRPCTimeoutInSecs); colad's own deadline must end first, so the kubelet
 # gets colad's answer (naming the device and the reason) rather than its own DeadlineExceeded.
 PRE_START_DEADLINE = 30.0
 PRE_START_MARGIN = 2.0  # killing the command's process group and answering take this at most
 MAX_PROBES_IN_FLIGHT = 64
-
-
-def show(value: object, limit: int = 80) -> str:
-    """A value for a problem text: repr (so no line break or invisible byte gets through), cut short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+SHOWN_CHARS = 80  # a config value or key in a problem text is cut to this
 
 
 def show_key(key: str) -> str:
     """A key or variable name for a problem text: as it is when short and printable, else its repr."""
-    return key if key.isprintable() and len(key) <= 80 else show(key)
+    return key if key.isprintable() and len(key) <= SHOWN_CHARS else show(key, SHOWN_CHARS)
 
 
 def show_path(path: str) -> str:
@@ -46,7 +40,7 @@ def show_path(path: str) -> str:
     return path if path.isprintable() else repr(path)
 
 
-def text_problem(value: str) -> str | None:
+def printable_text_problem(value: str) -> str | None:
     """Why a path or name cannot pass through the OS, inotify, gRPC and the logs as text, or None."""
     try:
         value.encode("utf-8")
@@ -59,13 +53,10 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def path_problem(value: str) -> str | None:
-    return text_problem(value) or (None if os.path.isabs(value) else "must be an absolute path")
+def absolute_path_problem(value: str) -> str | None:
+    return printable_text_problem(value) or (None if os.path.isabs(value) else "must be an absolute path")
 
 
-# gRPC reads "unix:<path>" as a URI: %XX is decoded, ? and # start a query or a fragment, and ","
-# separates addresses (checked with grpcio 1.51 and 1.85: bind or dial then misses the path).
-_GRPC_UNSAFE = "%?#,"
 # run_dir is written into supervisord.conf: supervisord expands %(name)s in its values, strips
 # surrounding blanks and ends a value at " ;" or " #".
 _SUPERVISORD_UNSAFE = "%"
@@ -100,10 +91,10 @@ def socket_dir_problem(key: str) -> Callable[[str], str | None]:
     """A check of a directory in which colad binds or dials the sockets of _DIR_SOCKETS[key]."""
 
     def check(value: str) -> str | None:
-        if problem := path_problem(value):
+        if problem := absolute_path_problem(value):
             return problem
         grpc = key == "kubelet_dir"
-        if bad := "".join(sorted(set(value) & set(_GRPC_UNSAFE if grpc else _SUPERVISORD_UNSAFE))):
+        if bad := "".join(sorted(set(value) & set(constants.GRPC_UNSAFE_PATH_CHARS if grpc else _SUPERVISORD_UNSAFE))):
             why = "gRPC reads unix:<path> as a URI" if grpc else "supervisord.conf cannot carry it"
             return f"must not contain {bad!r} ({why})"
         if key == "run_dir" and any(c.isspace() for c in value):
@@ -117,9 +108,9 @@ def socket_dir_problem(key: str) -> Callable[[str], str | None]:
 
 
 def socket_file_problem(value: str) -> str | None:
-    if problem := path_problem(value):
+    if problem := absolute_path_problem(value):
         return problem
-    if bad := "".join(sorted(set(value) & set(_GRPC_UNSAFE))):
+    if bad := "".join(sorted(set(value) & set(constants.GRPC_UNSAFE_PATH_CHARS))):
         return f"must not contain {bad!r} (gRPC reads unix:<path> as a URI)"
     if value.endswith("/"):
         return "must name a socket, not a directory"
@@ -164,7 +155,7 @@ def address_problem(value: str) -> str | None:
         return "must be host:port"
     if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 <= int(port) <= 65535:
         return "port must be a number from 0 to 65535"
-    return text_problem(value) or _host_problem(host)
+    return printable_text_problem(value) or _host_problem(host)
 
 
 def level_problem(value: str) -> str | None:
@@ -175,10 +166,10 @@ def positive_problem(value: float) -> str | None:
     return None if 0 < value < 86400 else "must be a number of seconds greater than 0 and less than a day"
 
 
-def command_problem(value: tuple[str, ...]) -> str | None:
+def printable_command_problem(value: tuple[str, ...]) -> str | None:
     """Why `value` cannot be a probe or prepare command, or None (device_rules.command_problem, plus text rules)."""
     for i, arg in enumerate(value):
-        if problem := text_problem(arg):
+        if problem := printable_text_problem(arg):
             return f"argument {i} {problem}"
     return devices_command_problem(value)
 
@@ -206,7 +197,7 @@ def owners_problem(value: tuple[str, ...]) -> str | None:
         return f"has more than {MAX_TRUSTED_OWNERS} entries"
     for owner in value:
         if _owner_uid(owner) is None:
-            return f"names {show(owner)}, which is neither a user of this host nor a uid 0..{MAX_UID}"
+            return f"names {show(owner, SHOWN_CHARS)}, which is neither a user of this host nor a uid 0..{MAX_UID}"
     return None
 
 
@@ -228,7 +219,7 @@ def in_flight_problem(value: int) -> str | None:
 
 
 def spec_dir_problem(value: str) -> str | None:
-    if problem := path_problem(value):
+    if problem := absolute_path_problem(value):
         return problem
     return "must not be '/'" if os.path.normpath(value) == "/" else None
 
@@ -248,40 +239,6 @@ def expiry_problem(value: float) -> str | None:
 
 def policy_problem(value: str) -> str | None:
     return None if value in REPLICA_POLICIES else "must be one of " + ", ".join(REPLICA_POLICIES)
-
-
-def _varint_bytes(value: int) -> int:
-    return max(1, (value.bit_length() + 6) // 7)
-
-
-def _field_bytes(body: int) -> int:
-    """A length-delimited protobuf field: one tag byte (field numbers below 16), the length, the body."""
-    return 1 + _varint_bytes(body) + body
-
-
-def device_entry_max_bytes(replicas: int, numa_nodes: int = constants.MAX_DEVICE_LIST_ENTRIES) -> int:
-    """The most bytes one advertised device can take in a ListAndWatchResponse (v1beta1 api.proto).
-
-    Its ID is the longest file name (MAX_DEVICE_ID_LENGTH) plus "::<replicas - 1>", its health
-    "Unhealthy", its topology `numa_nodes` NUMA IDs of two varint bytes each (up to MAX_NUMA_NODE).
-    """
-    suffix = 0
-    if replicas > 1:  # the default (1) needs no device model: every role loads a config
-        from colad.devices import replica_suffix_length
-
-        suffix = replica_suffix_length(replicas)
-    id_bytes = constants.MAX_DEVICE_ID_LENGTH + suffix
-    node = _field_bytes(1 + _varint_bytes(constants.MAX_NUMA_NODE))  # NUMANode{ID} in TopologyInfo.nodes
-    topology = _field_bytes(numa_nodes * node) if numa_nodes else 0
-    return _field_bytes(_field_bytes(id_bytes) + _field_bytes(len(constants.UNHEALTHY)) + topology)
-
-
-def max_devices_in_list(replicas: int, numa_nodes: int = constants.MAX_DEVICE_LIST_ENTRIES) -> int:
-    """How many device files one resource can have so that its ListAndWatch answer always fits the
-    kubelet's receive limit, whatever the names, health and topology (each file is `replicas` entries).
-    """
-    per_file = replicas * device_entry_max_bytes(replicas, numa_nodes)
-    return constants.KUBELET_MAX_RECV_MESSAGE_BYTES // per_file
 
 
 def bare_dots(text: str) -> int:
@@ -357,11 +314,13 @@ def alias_problems(dirs: Sequence[Named], own: Sequence[Named]) -> list[str]:
                 how = "contains the directory of"
             else:
                 continue
-            problems.append(f"{key} ({source}): {show(path)} {how} {other_key} {show(other_path)}")
+            problems.append(
+                f"{key} ({source}): {show(path, SHOWN_CHARS)} {how} {other_key} {show(other_path, SHOWN_CHARS)}"
+            )
         for own_key, own_source, (own_real, own_ident) in own_places:
             if real == own_real or (ident is not None and ident == own_ident):
                 problems.append(
-                    f"{key} ({source}): {show(path)} is also the {own_key} ({own_source}),"
+                    f"{key} ({source}): {show(path, SHOWN_CHARS)} is also the {own_key} ({own_source}),"
                     " whose files are colad's own, not devices"
                 )
     return problems

@@ -14,7 +14,7 @@ import shlex
 import stat
 
 from colad import trust
-from colad.config_checks import bare_dots, show_path, text_problem
+from colad.config_checks import bare_dots, printable_text_problem, show_path
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def convert(field: dataclasses.Field[Any], raw: object) -> object:
 def read_file(path: str, explicit: bool, problems: list[str]) -> tuple[dict[str, Any], str]:
     """The parsed file and its path ("" when the default file is absent); problems appended."""
     where = show_path(path)
-    if problem := text_problem(path):
+    if problem := printable_text_problem(path):
         problems.append(f"config file {where}: path {problem}")
         return {}, path
     try:

@@ -63,6 +63,14 @@ COLA_REPLICAS_ENV: Final = "COLA_REPLICAS"
 # and may add more), so a device file may not set any of them.
 RESERVED_ENV_PREFIX: Final = "COLA_"
 
+# Metadata `colad check` sends on every call (value "1"): the plugin keeps its Allocates out of the
+# allocation metrics.
+CHECK_METADATA_KEY: Final = "x-colad-check"
+
+# gRPC reads "unix:<path>" as a URI: %XX is decoded, ? and # start a query or a fragment, and ","
+# separates addresses (checked with grpcio 1.51 and 1.85: bind or dial then misses the path). A socket
+# path colad binds or dials holds none of these.
+GRPC_UNSAFE_PATH_CHARS: Final = "%?#,"
 # Linux <linux/un.h>: sun_path holds 108 bytes; gRPC (unix_sockaddr_populate) keeps one for the
 # terminating NUL, so a socket path colad binds or dials is at most 107 bytes.
 SUN_PATH_MAX_BYTES: Final = 107

@@ -19,7 +19,7 @@ import pyinotify
 
 from colad import cdi, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config
-from colad.device_rules import cdi_device_name_problem
+from colad.device_rules import cdi_device_name_problem, split_cdi_name
 from colad.devices import Device
 from colad.probes import PENDING, ProbeRunner
 from colad.queue_client import StatsReporter
@@ -119,7 +119,7 @@ class HealthOutputs:
         if changed:
             by_resource: dict[str, set[str]] = {}
             for key in changed:
-                resource, _, device_id = key.partition("=")
+                resource, device_id = split_cdi_name(key)  # key(): the kind is the resource name
                 if resource in self.watches:
                     by_resource.setdefault(resource, set()).add(device_id)
             if by_resource:

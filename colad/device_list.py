@@ -13,6 +13,7 @@ from operator import attrgetter
 from colad import constants
 from colad.api import deviceplugin_pb2 as pb
 from colad.devices import Device, DeviceSet, replicas_of, replicate
+from colad.list_size import DEVICES_TAG, varint
 from colad.snapshots import UPSERTS
 
 
@@ -29,17 +30,6 @@ def _device(d: Device) -> pb.Device:
 # them), so one change encodes one entry; the rest is a join at C speed.
 _ENTRY = "_colad_list_entry"
 _LIST = "_colad_list"
-# `repeated Device devices = 1` of ListAndWatchResponse: field 1, wire type 2 (length-delimited).
-_DEVICES_TAG = b"\x0a"
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def list_entry(device: Device) -> bytes:
@@ -47,7 +37,7 @@ def list_entry(device: Device) -> bytes:
     cached: bytes | None = getattr(device, _ENTRY, None)  # a slot (devices.Device)
     if cached is None:
         body = _device(device).SerializeToString()
-        cached = _DEVICES_TAG + _varint(len(body)) + body
+        cached = DEVICES_TAG + varint(len(body)) + body
         object.__setattr__(device, _ENTRY, cached)
     return cached
 

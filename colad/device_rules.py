@@ -2,7 +2,9 @@
 
 Each `*_problem` returns why a value would be refused downstream (by the kubelet, the container
 runtime or a CDI parser) or None; devices.device_problem applies them field by field, and
-config_checks reuses the command rule. Pure: no I/O, no logging.
+config_checks reuses the command rule. The CDI device name is built and split here only. `show`
+and `one_line` put any value into a problem text (config, queue messages, probes too). Pure: no
+I/O, no logging.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from colad.constants import MAX_DEVICE_STRING_BYTES, RESERVED_ENV_PREFIX
 from colad.names import is_dns1123_subdomain, is_qualified_name
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # CDI's names, the one definition (cdi.py's spec kinds and device names, device files' cdi_devices):
 # "vendor/class=name", split at the first '/' and the first '=' (container-device-interface
 # pkg/parser/parser.go: ParseQualifiedName, ValidateVendorName, ValidateClassName,
@@ -26,13 +29,29 @@ CDI_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?\Z")
 CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
 
 
+def cdi_name(kind: str, device: str) -> str:
+    """The fully qualified CDI device name of `device` in `kind` (vendor/class): kind=device."""
+    return f"{kind}={device}"
+
+
+def split_cdi_name(name: str) -> tuple[str, str]:
+    """(kind, device) of a CDI device name, split at the first '=' (the inverse of cdi_name)."""
+    kind, _, device = name.partition("=")
+    return kind, device
+
+
+def one_line(text: str) -> str:
+    """`text` for a reason or problem text: every run of control characters a blank, stripped."""
+    return _CONTROL.sub(" ", text).strip()
+
+
 def show(value: object, limit: int = 60) -> str:
-    """A short one-line repr for a problem text."""
+    """A value for a problem text: repr (so no line break or invisible byte gets through), cut to `limit`."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def text_problem(value: str) -> str | None:
+def device_string_problem(value: str) -> str | None:
     """Why `value` cannot be a string sent to the kubelet (strict UTF-8, bounded, no NUL)."""
     try:
         size = len(value.encode("utf-8"))
@@ -45,9 +64,9 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def path_problem(path: str) -> str | None:
+def normalised_path_problem(path: str) -> str | None:
     """Why `path` is not an absolute, normalised path other than "/", or None."""
-    problem = text_problem(path)
+    problem = device_string_problem(path)
     if problem is not None:
         return problem
     if not path.startswith("/"):
@@ -119,8 +138,8 @@ def cdi_device_name_problem(device_id: str) -> str | None:
 
 def cdi_name_problem(name: str) -> str | None:
     """Why `name` is not a fully qualified CDI device name vendor/class=name, or None."""
-    qualifier, _, device = name.partition("=")
-    vendor, _, cls = qualifier.partition("/")
+    kind, device = split_cdi_name(name)
+    vendor, _, cls = kind.partition("/")
     usable = CDI_VENDOR.match(vendor) and CDI_CLASS.match(cls) and CDI_DEVICE_NAME.match(device)
     if len(name) > MAX_DEVICE_STRING_BYTES or not usable:
         return f"{show(name)} is not a fully qualified CDI name vendor.com/class=name"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from colad import device_wire, devicefile, trust
-from colad.constants import HEALTHY, UNHEALTHY
+from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
 from colad.devices import Device, clip_reason
 
 # Timestamps of a file written within one tick of our read may not change at the next write:
@@ -157,7 +157,7 @@ def read_device(
             untrusted = trust.file_problem(path, opened.st_mode, opened.st_uid, trusted)
             if untrusted is not None:  # changed hands between the lstat and the open
                 return _refused(device_id, key, untrusted, known, read_ns)
-            data = os.read(fd, devicefile.MAX_FILE_BYTES + 1)
+            data = os.read(fd, MAX_DEVICE_FILE_BYTES + 1)
         finally:
             os.close(fd)
     except FileNotFoundError:

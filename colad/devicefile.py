@@ -1,6 +1,6 @@
 """Device files: what the content of one file in the device directory says about its device.
 
-Discovery reads at most MAX_FILE_BYTES + 1 bytes of a device file; parse() returns a Device
+Discovery reads at most MAX_DEVICE_FILE_BYTES + 1 bytes of a device file; parse() returns a Device
 (devices.py) and never raises: a malformed file is an Unhealthy device whose `problem` names
 the key. A linear pre-scan refuses keys that would make tomllib slow, so a parse has a budget.
 No I/O, no logging, no clock. The format is in docs/DEVICES.md.
@@ -18,13 +18,13 @@ from colad.constants import (
     MAX_DEVICE_MAP_ENTRIES,
     UNHEALTHY,
 )
+from colad.device_rules import one_line
 from colad.devices import HEALTH_VALUES, Device, DeviceNode, Mount, device_problem
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_FILE_BYTES = MAX_DEVICE_FILE_BYTES
 FORMAT_VERSION = 1
 MAX_PROBLEM_LENGTH = 300
 _KEYS = frozenset(
@@ -33,7 +33,6 @@ _KEYS = frozenset(
 )
 _DEVICE_NODE_KEYS = frozenset(("host_path", "container_path", "permissions", "optional"))
 _MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only", "optional"))
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # tomllib builds a dotted key's tuple one part at a time and then checks every prefix of it, so a
 # key of n parts costs O(n^2): a 64 KiB `a.a.a...= 1` takes 20 s. The format's deepest key has two
 # parts (`envs.NAME`, `annotations."x/y"`, `[envs]`); 8 leaves room for any honest spelling and
@@ -72,15 +71,15 @@ def parse(device_id: str, data: bytes) -> Device:
     try:
         return _parse(device_id, data)
     except _Malformed as exc:
-        problem = _CONTROL.sub(" ", str(exc)).strip() or "malformed"
+        problem = one_line(str(exc)) or "malformed"
         if len(problem) > MAX_PROBLEM_LENGTH:
             problem = problem[: MAX_PROBLEM_LENGTH - 3] + "..."
         return Device(device_id, UNHEALTHY, problem=problem)
 
 
 def _parse(device_id: str, data: bytes) -> Device:
-    if len(data) > MAX_FILE_BYTES:
-        raise _Malformed(f"larger than {MAX_FILE_BYTES} bytes")
+    if len(data) > MAX_DEVICE_FILE_BYTES:
+        raise _Malformed(f"larger than {MAX_DEVICE_FILE_BYTES} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -25,10 +25,10 @@ from colad.device_rules import (
     annotation_key_problem,
     cdi_name_problem,
     command_problem,
+    device_string_problem,
     env_name_problem,
-    path_problem,
+    normalised_path_problem,
     show,
-    text_problem,
 )
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
@@ -244,12 +244,12 @@ def device_problem(device: Device) -> str | None:
     if device.problem:
         if device != Device(device.device_id, UNHEALTHY, problem=device.problem):
             return "problem: a malformed device must be Unhealthy and carry nothing else"
-        problem = text_problem(device.problem)
+        problem = device_string_problem(device.problem)
         return None if problem is None else f"problem {problem}"
     if device.reason:
         if device.healthy:
             return "reason: only an Unhealthy device carries one"
-        problem = text_problem(device.reason)
+        problem = device_string_problem(device.reason)
         if problem is None and len(device.reason.encode("utf-8")) > MAX_REASON_BYTES:
             problem = f"is longer than {MAX_REASON_BYTES} bytes"
         if problem is None and "\n" in device.reason:
@@ -277,7 +277,7 @@ def device_problem(device: Device) -> str | None:
     ] + [(f"mounts[{i}]", m.host_path, m.container_path) for i, m in enumerate(device.mounts)]
     for key, host_path, container_path in entries:
         for suffix, path in (("host_path", host_path), ("container_path", container_path)):
-            problem = path_problem(path)
+            problem = normalised_path_problem(path)
             if problem is not None:
                 return f"{key}.{suffix} {problem}"
         if container_path in seen:
@@ -306,7 +306,7 @@ def device_problem(device: Device) -> str | None:
             problem = key_problem(key)
             if problem is not None:
                 return f"{table}: {problem}"
-            problem = text_problem(value)
+            problem = device_string_problem(value)
             if problem is not None:
                 return f"{table}.{key} value {problem}"
     return None

@@ -33,6 +33,7 @@ from colad.probes import ProbeRunner
 from colad.queue_client import QueueClient
 from colad.resource_scan import DeviceHealth
 from colad.resource_scan import ResourceWatch as ResourceWatch
+from colad.roles import DISCOVERY
 from colad.snapshots import TOO_LARGE as TOO_LARGE
 from colad.snapshots import Fitted, fit_the_queue
 
@@ -54,7 +55,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         client: QueueClient | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(cfg, "discovery", client=client)
+        super().__init__(cfg, DISCOVERY.name, client=client)
         self.clock = clock
         self.runner = ProbeRunner(cfg.probe_max_in_flight, trusted=cfg.trusted_uids)
         self.leftovers_counted = 0
@@ -441,4 +442,4 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     dirs = ",".join(r.device_dir for r in cfg.resources)
     commands.become_subreaper()  # a probe's orphans are re-parented here, to be found and reaped
     signal.signal(signal.SIGCHLD, commands.child_exited)  # wakes the loop (the waker's fd), which sweeps
-    return watch.run_role("discovery", lambda: Discovery(cfg), cfg, device_dirs=dirs)
+    return watch.run_role(DISCOVERY.name, lambda: Discovery(cfg), cfg, device_dirs=dirs)

@@ -92,7 +92,7 @@ def host_paths(device: Device) -> tuple[HostPath, ...]:
     return tuple(nodes + mounts)
 
 
-def path_problem(host_path: HostPath, state: PathState) -> str | None:
+def host_path_state_problem(host_path: HostPath, state: PathState) -> str | None:
     """Why `host_path` in `state` keeps a container from starting or may not be handed out, or None."""
     if state.untrusted:
         return f"{host_path.key} {host_path.path!r} {state.untrusted}"
@@ -122,7 +122,7 @@ def apply(devices: DeviceSet, states: Mapping[str, PathState]) -> HostCheck:
         problems: list[str] = []
         drop: set[str] = set()
         for host_path in host_paths(device):
-            problem = path_problem(host_path, states.get(host_path.path, MISSING))
+            problem = host_path_state_problem(host_path, states.get(host_path.path, MISSING))
             if problem is None:
                 continue
             untrusted = bool(states.get(host_path.path, MISSING).untrusted)

@@ -16,6 +16,7 @@ from colad import constants, log, messages, watch
 from colad.config import Config
 from colad.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
 from colad.queue_client import QueueClient
+from colad.roles import KUBELET_WATCH
 
 LOG = log.get(__name__)
 
@@ -26,7 +27,7 @@ class KubeletWatch(watch.WatcherLoop):
     """The watcher role's loop: inotify on the kubelet directory, a KubeletState on every change."""
 
     def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
-        super().__init__(cfg, "kubelet-watch", client=client)
+        super().__init__(cfg, KUBELET_WATCH.name, client=client)
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
         self.last: tuple[str, tuple[str, ...]] | None = None
 
@@ -90,4 +91,4 @@ class KubeletWatch(watch.WatcherLoop):
 
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
-    return watch.run_role("kubelet-watch", lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)
+    return watch.run_role(KUBELET_WATCH.name, lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)

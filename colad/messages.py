@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from colad.device_rules import show
 from colad.errors import MessageError
 from colad.names import resource_name_problem
+from colad.roles import QUEUE_PEERS
 from colad.wire_json import dumps
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
@@ -124,16 +126,9 @@ class Stats:
         return f"{self.type}:{self.role}"
 
 
-ROLES = ("discovery", "kubelet-watch")
 MAX_COUNTERS = 64
 
 Message = DeviceSnapshot | DeviceDelta | KubeletState | Stats
-
-
-def show(value: object, limit: int = 60) -> str:
-    """`value` for an error message: its repr, cut to `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- whole messages ------------------------------------------------------------------------
@@ -246,7 +241,7 @@ def decode(data: bytes | memoryview) -> Message:
         return KubeletState(epoch, seq)
     if kind == "stats":
         role = _need(body, "role", str)
-        if role not in ROLES:
+        if role not in QUEUE_PEERS:
             raise MessageError(f"unknown role {role!r}")
         counters = _need(body, "counters", dict)
         if len(counters) > MAX_COUNTERS:

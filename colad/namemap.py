@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from colad.device_rules import CDI_CLASS, CDI_VENDOR
+from colad.device_rules import CDI_CLASS, CDI_VENDOR, cdi_name
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def cdi_device_name(resource_name: str, device_id: str) -> str:
     """The fully qualified CDI name of an advertised ID, as Allocate answers it: the ID itself after '=',
     never rewritten, so two IDs never share a name (an ID that is no CDI name gets none:
     device_rules.cdi_device_name_problem)."""
-    return f"{cdi_kind(resource_name)}={device_id}"
+    return cdi_name(cdi_kind(resource_name), device_id)
 
 
 def cdi_marker_name(device_id: str) -> str:

@@ -3,7 +3,7 @@
 The kubelet refuses a Register whose resource name is not an extended-resource name, and
 the API server an annotation key that is not a qualified name: config.py, messages.py and
 kubelet_sim.py check the first, devices.py the second. Device and replica IDs are
-devices.py's; allocation.py applies the replica policy names defined here. Pure: no I/O.
+devices.py's; allocation.py applies the replica policy and CDI mode names defined here. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ if TYPE_CHECKING:
     from typing import Final
 
 DEFAULT_RESOURCE_NAME: Final = "myway5.com/cola"
-# allocation.allocate's replica policies, the first the default. Here, not in allocation.py, so that
-# loading a config (every role does) never imports the allocation core and the device model with it.
+# The config's words for allocation.py's choices. Here, not in allocation.py, so that loading a
+# config (every role does) never imports the allocation core and the device model with it.
+# How GetPreferredAllocation places replicas: "spread" over devices (the default), or "pack" onto few.
 REPLICA_POLICIES: Final = ("spread", "pack")
 DEFAULT_REPLICA_POLICY: Final = REPLICA_POLICIES[0]
+# Allocate's CDI answer (the config key `cdi`): "both" = the classic answer plus a CDI name per
+# device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
+CDI_MODES: Final = ("both", "only", "off")
 
 # k8s.io/apimachinery pkg/util/validation/validation.go: IsDNS1123Subdomain (DNS1123SubdomainMaxLength)
 # and the name part of IsQualifiedName (qualifiedNameMaxLength).

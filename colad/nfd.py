@@ -10,19 +10,16 @@ feature.node.kubernetes.io/<name>.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from colad import files
 from colad.devices import DeviceSet, base_id
 from colad.namemap import NFD_LABEL_SUFFIXES, nfd_label_base
+from colad.names import is_dns1123_subdomain, is_qualified_name
 
 DEFAULT_PATH = "/etc/kubernetes/node-feature-discovery/features.d/colad"
-MAX_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
-# k8s.io/apimachinery IsQualifiedName: the name part of a label key, and a label value.
-_LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
+MAX_FEATURE_FILE_BYTES = 65536  # NFD source/local/local.go MaxFeatureFileSize: a larger file is skipped whole
 
 
 @dataclass(frozen=True)
@@ -41,10 +38,10 @@ class Counts:
 
 def label_problem(resource_name: str, prefix: str = "") -> str | None:
     """Why a resource's labels would not be valid Kubernetes label keys, or None."""
-    if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+    if prefix and not is_dns1123_subdomain(prefix):
         return f"NFD label prefix {prefix!r} is not a lower-case DNS subdomain"
     name = nfd_label_base(resource_name, prefix).rpartition("/")[2] + "." + max(NFD_LABEL_SUFFIXES, key=len)
-    if len(name) > 63 or not _LABEL_NAME.match(name):
+    if not is_qualified_name(name):
         return f"NFD label name {name!r} is not 1-63 characters of A-Z a-z 0-9 - _ ."
     return None
 

@@ -33,6 +33,7 @@ from colad.kubeletdir import socket_identity
 from colad.metrics import Metrics
 from colad.plugin_health import Published, Verdict, assess, degraded, readiness
 from colad.plugin_sockets import Sockets
+from colad.roles import DISCOVERY, KUBELET_WATCH, PLUGIN
 from colad.socketpath import SocketRecord
 
 if TYPE_CHECKING:
@@ -267,11 +268,11 @@ class Plugin:
         if isinstance(message, messages.Stats):
             self.metrics.peers.update(message.role, peer.pid, message.counters)
             self.degraded[message.role] = degraded(message.role, message.counters)
-            if message.role == "discovery":
+            if message.role == DISCOVERY.name:
                 self.discovery_heard = at
             return
         if isinstance(message, messages.DeviceSnapshot):
-            self.metrics.peers.update("discovery", peer.pid)
+            self.metrics.peers.update(DISCOVERY.name, peer.pid)
             self.discovery_heard = at
             if message.resource in self.snapshots or len(self.snapshots) < MAX_PENDING_SNAPSHOTS:
                 self.snapshots[message.resource] = message
@@ -281,7 +282,7 @@ class Plugin:
                 return
             endpoint.take(message, now)
         else:
-            self.metrics.peers.update("kubelet-watch", peer.pid)
+            self.metrics.peers.update(KUBELET_WATCH.name, peer.pid)
             self.check_kubelet("watcher")
 
     def check_kubelet(self, reason: str) -> None:
@@ -495,7 +496,7 @@ class Plugin:
 
 def main(args: object = None, cfg: Config | None = None) -> int:
     cfg = cfg or config_mod.load()
-    log.setup("plugin", cfg.log_level)
+    log.setup(PLUGIN.name, cfg.log_level)
     proc.setup_role()
     commands.become_subreaper()  # a prepare command's orphans are re-parented here, to be found and reaped
     # Signals are taken by a thread of their own (sigwait) rather than a handler:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from colad import constants
+from colad.roles import PLUGIN, ROLES
 from colad.statefile import PluginState
 
-PROGRAMS = ("plugin", "discovery", "kubelet-watch")  # the programs of supervisord's colad group
+# The programs of supervisord's colad group, in its order: the plugin first.
+PROGRAMS = (PLUGIN.name, *(r.name for r in ROLES if r is not PLUGIN))
 STARTING = "STARTING"  # supervisord's state for a process in its first startsecs
 # A resource in these states, with no error yet, is on its way to registering, not failing.
 _ON_ITS_WAY = ("starting", "registering")
@@ -146,7 +148,7 @@ def assess(
     problems: list[str] = []
     waiting: list[str] = []
     state = published.state
-    plugin_starting = roles is not None and "plugin" in roles.starting
+    plugin_starting = roles is not None and PLUGIN.name in roles.starting
     for r in state.resources:
         if r.registered and r.streams == 0:
             waiting.append(f"{r.name}: registered, but the kubelet holds no live ListAndWatch stream")

@@ -33,8 +33,8 @@ CALL_DEADLINE_S = 2.0
 # (k8s.io/kubelet pkg/apis/podresources client.go callers); so does colad.
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 NO_ALLOCATABLE = "kubelet has no GetAllocatableResources (older than 1.23); in-use view from List only"
-SERVICE = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
-LIST = rpc.method_name(SERVICE, SERVICE.methods_by_name["List"])
+POD_RESOURCES_SERVICE = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
+LIST = rpc.method_name(POD_RESOURCES_SERVICE, POD_RESOURCES_SERVICE.methods_by_name["List"])
 
 
 class InUseWatcher:
@@ -139,7 +139,7 @@ class InUseWatcher:
                     ("grpc.default_authority", "localhost"),
                 ],
             )
-            self._client = rpc.Client(self._channel, SERVICE, pb, self.metrics.rpc_errors)
+            self._client = rpc.Client(self._channel, POD_RESOURCES_SERVICE, pb, self.metrics.rpc_errors)
         return self._client
 
     def _close(self) -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import heapq
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from colad import commands, log, pathtrust, trust
+from colad.device_rules import one_line
 
 LOG = log.get(__name__)
 PENDING = "probe has not completed yet"
@@ -30,7 +30,6 @@ DEFAULT_MAX_IN_FLIGHT = 4
 # the next poll: the deadline then comes this soon while a probe runs.
 NO_PIDFD_POLL = 0.05
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Verdict:
 def first_line(output: bytes) -> str:
     """The first non-blank line of `output`, decoded leniently, without control characters, bounded."""
     for raw in output.splitlines():
-        line = _CONTROL.sub(" ", raw.decode("utf-8", "replace")).strip()
+        line = one_line(raw.decode("utf-8", "replace"))
         if line:
             return line if len(line) <= MAX_REASON else line[: MAX_REASON - 3] + "..."
     return ""

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field, replace
 
 BACKOFF_MIN = 0.1
-BACKOFF_MAX = 5.0
+REGISTER_BACKOFF_MAX = 5.0
 INITIAL_DEVICES_WAIT = 3.0  # registering with an empty list would zero allocatable for a moment
 STREAM_GRACE = 1.0  # registered but no live ListAndWatch for this long: register again
 STREAM_EXPECTED_WITHIN = 10.0  # the kubelet dials back within this long after accepting Register
@@ -452,7 +452,7 @@ def _failed(state: Registration, effects: list[Effect], now: float, error: str, 
         retry_fresh=fresh,
         last_error=error,
         retry_at=now + state.backoff,
-        backoff=min(state.backoff * 2, BACKOFF_MAX),
+        backoff=min(state.backoff * 2, REGISTER_BACKOFF_MAX),
     )
     return _transition(state, effects, Phase.BACKOFF, error)
 

@@ -27,13 +27,12 @@ from colad.device_list import encoded_list, fit_list, to_response
 from colad.devices import DeviceSet, request_id_problem
 from colad.errors import AllocationError, RequestError
 from colad.metrics import Metrics
-from colad.names import DEFAULT_RESOURCE_NAME
+from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME
 
 LOG = log.get(__name__)
 # fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's;
 # DeviceBroadcast (broadcast.py) for the roles and tests that name it from here.
 __all__ = [
-    "CHECK_METADATA",
     "DeviceBroadcast",
     "DevicePluginServicer",
     "RegisterCall",
@@ -127,11 +126,8 @@ def request_pre_start(request: pb.PreStartContainerRequest) -> tuple[str, ...]:
     return request_ids("devices_ids", request.devices_ids)
 
 
-CHECK_METADATA = "x-colad-check"  # sent by `colad check`: its Allocates stay out of the allocation metrics
-
-
 def _is_check(context: grpc.ServicerContext) -> bool:
-    return any(key == CHECK_METADATA for key, _value in (context.invocation_metadata() or ()))
+    return any(key == constants.CHECK_METADATA_KEY for key, _value in (context.invocation_metadata() or ()))
 
 
 @dataclass
@@ -149,7 +145,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         events: StreamEvents,
         metrics: Metrics,
         resource: str = DEFAULT_RESOURCE_NAME,
-        policy: Callable[[], str] = lambda: allocation.DEFAULT_REPLICA_POLICY,
+        policy: Callable[[], str] = lambda: DEFAULT_REPLICA_POLICY,
         *,
         cdi_mode: Callable[[], str] = lambda: "off",
         cdi_spec_dir: Callable[[], str] = lambda: "",
@@ -373,7 +369,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
+DEVICE_PLUGIN_SERVICE = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
 # Served with no serializer: its lists are bytes already (encoded_list). A serializer would parse each into
 # a message and serialize it again: ~2 ms of the stream thread per change at 10,000 devices.
 SENT_AS_ENCODED = ("ListAndWatch",)
@@ -409,7 +405,12 @@ class Workers(futures.ThreadPoolExecutor):
 def build_server(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
     """A server bound to `socket_path`, not yet started; every method of the service through rpc.handlers."""
     served = rpc.handlers(
-        SERVICE, servicer, pb, servicer.metrics.rpc_errors, raw=SENT_AS_ENCODED, fields={"resource": servicer.resource}
+        DEVICE_PLUGIN_SERVICE,
+        servicer,
+        pb,
+        servicer.metrics.rpc_errors,
+        raw=SENT_AS_ENCODED,
+        fields={"resource": servicer.resource},
     )
     server = grpc.server(
         Workers(WORKERS, "grpc"),

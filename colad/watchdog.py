@@ -19,7 +19,7 @@ from colad import log
 LOG = log.get(__name__)
 
 BACKOFF_FIRST = 10.0
-BACKOFF_MAX = 600.0
+RESTART_BACKOFF_MAX = 600.0
 STABLE_AFTER = 300.0  # RUNNING this long, a role's next FATAL starts the back-off from the beginning again
 
 
@@ -49,7 +49,7 @@ class Watchdog:
         if role.running_since is not None and now - role.running_since >= STABLE_AFTER:
             role.failures = 0
         role.running_since = None
-        delay = min(BACKOFF_FIRST * 2**role.failures, BACKOFF_MAX)
+        delay = min(BACKOFF_FIRST * 2**role.failures, RESTART_BACKOFF_MAX)
         role.failures += 1
         role.restart_at = now + delay
         return f"{name} in {delay:.0f}s (FATAL {role.failures} in a row)"

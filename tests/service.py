@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colad.plugin_health import PROGRAMS
 from colad.status import supervisor_proxy
 from tests.helpers import wait_until
 
-PROGRAMS = ("plugin", "discovery", "kubelet-watch")
 SUPERVISORD = "supervisord"
 TRACEBACK = "Traceback (most recent call last)"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")

@@ -32,11 +32,12 @@ from pathlib import Path
 
 from colad import messages
 from colad.devices import Device, DeviceSet
+from colad.plugin_health import PROGRAMS
 from colad.queue import frame
 from tests.fakes.kubelet import FakeKubelet
 from tests.flood import flooding
 from tests.helpers import http_get, metrics_address, wait_until
-from tests.service import PROGRAMS, ColadService
+from tests.service import ColadService
 from tests.userns import InotifyLimits
 
 NOBODY = 65534

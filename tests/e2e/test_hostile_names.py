@@ -17,9 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from colad.plugin_health import PROGRAMS
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
-from tests.service import PROGRAMS, ColadService
+from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
 BASE = {"cocacola", "peisicola"}

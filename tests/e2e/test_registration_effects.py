@@ -21,7 +21,7 @@ import pytest
 
 from colad.config import Config
 from colad.endpoint import CALL_SLACK
-from colad.registration import BACKOFF_MAX
+from colad.registration import REGISTER_BACKOFF_MAX
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
@@ -33,7 +33,7 @@ NO_THREAD = "can't start new thread"
 # Usually under a second. At worst a Register call made while gRPC's core could not start its own threads
 # is never answered, not even at its deadline (register_timeout, 15 s by default): CALL_SLACK later the
 # plugin exits 1 and the one supervisord starts registers.
-RECOVERY = Config.register_timeout + CALL_SLACK + BACKOFF_MAX + 10.0
+RECOVERY = Config.register_timeout + CALL_SLACK + REGISTER_BACKOFF_MAX + 10.0
 GRPC_BROKEN = "gRPC no longer answers; exiting so supervisord restarts the plugin"
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from colad.plugin_health import PROGRAMS
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
-from tests.service import PROGRAMS, ColadService
+from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
 TEMPLATE = Path(__file__).resolve().parents[2] / "conf" / "supervisord.conf"

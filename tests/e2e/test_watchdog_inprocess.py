@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from colad import supervise, watchdog
+from colad.plugin_health import PROGRAMS
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
-from tests.service import PROGRAMS, ColadService
+from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from colad.api import podresources_pb2 as prpb
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
 from colad.metrics import Metrics
-from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents
+from colad.service import DEVICE_PLUGIN_SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents
 from tests.fuzz import wire
 
 DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])
@@ -130,8 +130,8 @@ _BROADCAST.update(DeviceSet.of([*DEVICES, Device("cocacola::0")]))
 _SERVICER = DevicePluginServicer(
     _BROADCAST, 1, StreamEvents(lambda _g: None, lambda _g: None, lambda _g, _n: None), Metrics(), "example.com/cola"
 )
-_HANDLERS = rpc.handlers(SERVICE, _SERVICER, pb, _SERVICER.metrics.rpc_errors, raw=("ListAndWatch",))
-_METHODS = list(SERVICE.methods)
+_HANDLERS = rpc.handlers(DEVICE_PLUGIN_SERVICE, _SERVICER, pb, _SERVICER.metrics.rpc_errors, raw=("ListAndWatch",))
+_METHODS = list(DEVICE_PLUGIN_SERVICE.methods)
 # What a request colad cannot serve is answered with (the kubelet contract's codes): never INTERNAL or UNKNOWN.
 DOCUMENTED = {
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -151,7 +151,7 @@ def rpc_target(data: bytes) -> None:
         return
     method = _METHODS[data[0] % len(_METHODS)]
     body = data[2:] if data[1] % 2 == 0 else wire.mutate(method.input_type, data[2:])
-    handler = _HANDLERS.service(_Details(f"/{SERVICE.full_name}/{method.name}"))  # type: ignore[arg-type]
+    handler = _HANDLERS.service(_Details(f"/{DEVICE_PLUGIN_SERVICE.full_name}/{method.name}"))  # type: ignore[arg-type]
     assert handler is not None
     context = _Context()
     request = handler.request_deserializer(body)

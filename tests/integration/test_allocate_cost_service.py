@@ -15,13 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from colad import allocation, cdi, log, namemap
+from colad import allocation, cdi, constants, log, namemap
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
 from colad.metrics import Metrics
+from colad.names import CDI_MODES
 from colad.service import (
-    CHECK_METADATA,
     DeviceBroadcast,
     DevicePluginServicer,
     StreamEvents,
@@ -70,7 +70,7 @@ class Served:
         request = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=c) for c in containers]
         )
-        metadata = ((CHECK_METADATA, "1"),) if check else None
+        metadata = ((constants.CHECK_METADATA_KEY, "1"),) if check else None
         response: pb.AllocateResponse = self.stub.Allocate(request, timeout=10, metadata=metadata)
         return response
 
@@ -86,7 +86,7 @@ class Served:
         self.server.stop(grace=None).wait(5)
 
 
-@pytest.fixture(params=allocation.CDI_MODES)
+@pytest.fixture(params=CDI_MODES)
 def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
     s = Served(tmp_path, request.param)
     yield s

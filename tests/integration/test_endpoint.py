@@ -22,7 +22,7 @@ from colad.endpoint import Servers
 from colad.messages import DeviceSnapshot, KubeletState
 from colad.plugin import Plugin
 from colad.queue import Peer
-from colad.registration import BACKOFF_MAX
+from colad.registration import REGISTER_BACKOFF_MAX
 from colad.service import DevicePluginServicer, RegisterCall, build_server
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
@@ -146,8 +146,8 @@ def test_an_effect_failing_across_a_kubelet_restart_is_published_then_registrati
     assert not running.registered()
     running.faults.armed = ""
     lifted = running.plugin.clock()
-    wait_until(running.registered, BACKOFF_MAX + 5.0, "registered again once the fault is lifted")
-    assert running.plugin.clock() - lifted < BACKOFF_MAX + 5.0
+    wait_until(running.registered, REGISTER_BACKOFF_MAX + 5.0, "registered again once the fault is lifted")
+    assert running.plugin.clock() - lifted < REGISTER_BACKOFF_MAX + 5.0
     assert running.kubelet.current_endpoint(RESOURCE) != first
     assert running.failures(effect) == running.faults.failed[seam]
     ok, reason = running.plugin.health()

@@ -24,7 +24,7 @@ from colad.config import Config
 from colad.devices import UNHEALTHY, Device, DeviceSet
 from colad.metrics import Metrics
 from colad.podresources import LIST, InUseWatcher
-from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.service import DEVICE_PLUGIN_SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
 from tests.fuzz import wire
 from tests.helpers import wait_until
@@ -40,7 +40,7 @@ DOCUMENTED = {
     grpc.StatusCode.FAILED_PRECONDITION,  # PreStartContainer: a prepare command failed
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # ListAndWatch: too many streams
 }
-METHODS = [m.name for m in SERVICE.methods]
+METHODS = [m.name for m in DEVICE_PLUGIN_SERVICE.methods]
 
 
 class Served:
@@ -61,8 +61,8 @@ class Served:
 
     def raw(self, method: str, data: bytes) -> grpc.StatusCode:
         """Send `data` as the request of `method`; the status it ended with (a stream: after its first list)."""
-        name = f"/{SERVICE.full_name}/{method}"
-        if SERVICE.methods_by_name[method].server_streaming:
+        name = f"/{DEVICE_PLUGIN_SERVICE.full_name}/{method}"
+        if DEVICE_PLUGIN_SERVICE.methods_by_name[method].server_streaming:
             stream = self.channel.unary_stream(name, request_serializer=None, response_deserializer=None)
             call = stream(data, timeout=10)
             try:
@@ -81,7 +81,7 @@ class Served:
     def errors(self, code: str) -> float:
         return sum(
             self.metrics.registry.get_sample_value(
-                "colad_rpc_errors_total", {"method": f"{SERVICE.full_name}/{m}", "code": code}
+                "colad_rpc_errors_total", {"method": f"{DEVICE_PLUGIN_SERVICE.full_name}/{m}", "code": code}
             )
             or 0.0
             for m in METHODS
@@ -115,7 +115,9 @@ def test_preferred_allocation_of_a_5000_digit_id_is_invalid_argument_naming_the_
 ) -> None:
     caplog.set_level(logging.INFO)
     stub = served.channel.unary_unary(
-        f"/{SERVICE.full_name}/GetPreferredAllocation", request_serializer=None, response_deserializer=None
+        f"/{DEVICE_PLUGIN_SERVICE.full_name}/GetPreferredAllocation",
+        request_serializer=None,
+        response_deserializer=None,
     )
     with pytest.raises(grpc.RpcError) as refused:
         stub(preferred(["1" * 5000, "cocacola"]), timeout=10)
@@ -163,13 +165,15 @@ def test_every_method_of_the_service_is_served_through_the_boundary(
         assert served.errors("INTERNAL") == len(METHODS)
     finally:
         served.close()
-    handler = rpc.handlers(SERVICE, Raising(), pb, Metrics().rpc_errors)
-    for method in SERVICE.methods:
-        details = type("D", (), {"method": f"/{SERVICE.full_name}/{method.name}", "invocation_metadata": ()})()
+    handler = rpc.handlers(DEVICE_PLUGIN_SERVICE, Raising(), pb, Metrics().rpc_errors)
+    for method in DEVICE_PLUGIN_SERVICE.methods:
+        details = type(
+            "D", (), {"method": f"/{DEVICE_PLUGIN_SERVICE.full_name}/{method.name}", "invocation_metadata": ()}
+        )()
         found = handler.service(details)  # type: ignore[arg-type]
         assert found is not None, method.name
         behavior = found.unary_stream if method.server_streaming else found.unary_unary
-        assert getattr(behavior, rpc.WRAPPED) == f"{SERVICE.full_name}/{method.name}"
+        assert getattr(behavior, rpc.WRAPPED) == f"{DEVICE_PLUGIN_SERVICE.full_name}/{method.name}"
 
 
 def test_no_grpc_server_in_colad_is_built_around_the_boundary() -> None:
@@ -191,7 +195,11 @@ def test_no_grpc_server_in_colad_is_built_around_the_boundary() -> None:
 
 
 def request_messages() -> list[tuple[str, str, bytes]]:
-    return [(method.name, label, data) for method in SERVICE.methods for label, data in wire.cases(method.input_type)]
+    return [
+        (method.name, label, data)
+        for method in DEVICE_PLUGIN_SERVICE.methods
+        for label, data in wire.cases(method.input_type)
+    ]
 
 
 CASES = request_messages()
@@ -210,7 +218,9 @@ def test_every_field_of_every_request_in_every_shape_gets_a_documented_code(
     rng = random.Random(7)
     for _ in range(300):
         method = rng.choice(METHODS)
-        data = wire.mutate(SERVICE.methods_by_name[method].input_type, rng.randbytes(rng.randrange(1, 80)))
+        data = wire.mutate(
+            DEVICE_PLUGIN_SERVICE.methods_by_name[method].input_type, rng.randbytes(rng.randrange(1, 80))
+        )
         assert (code := served.raw(method, data)) in DOCUMENTED, f"{method} {data!r}: {code}"
     assert served.errors("INTERNAL") == 0
     no_traceback(caplog)

@@ -18,6 +18,7 @@ from colad import allocation
 from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
 from colad.errors import AllocationError
 from colad.metrics import Metrics
+from colad.names import CDI_MODES
 from colad.statefile import PluginState
 
 pytestmark = pytest.mark.unit
@@ -59,7 +60,7 @@ def test_answer_is_allocate_for_random_sets_and_requests() -> None:
         ids = [d.device_id for d in devices] + ["nope"]
         for _ in range(12):
             requested = tuple(rng.choice(ids) for _ in range(rng.randint(0, 4)))
-            mode = rng.choice(allocation.CDI_MODES)
+            mode = rng.choice(CDI_MODES)
             listed = rng.choice([None, frozenset(), frozenset(rng.sample(ids, rng.randint(0, len(ids))))])
             kwargs = {"resource_name": rng.choice([COLA, "no-slash"]), "cdi_mode": mode, "cdi_listed": listed}
             want = outcome(allocation.allocate, devices, requested, **kwargs)

@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from colad.allocation import EXACT_NUMA_SEARCH_LIMIT, REPLICA_POLICIES, ContainerAllocation, allocate, preferred
+from colad.allocation import EXACT_NUMA_SEARCH_LIMIT, ContainerAllocation, allocate, preferred
 from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV, HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, replicate
 from colad.errors import AllocationError, ColadError
+from colad.names import REPLICA_POLICIES
 
 pytestmark = pytest.mark.unit
 

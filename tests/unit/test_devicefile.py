@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import HEALTHY, UNHEALTHY
+from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
 from colad.device_wire import device_from_wire, device_to_wire
-from colad.devicefile import MAX_FILE_BYTES, parse
+from colad.devicefile import parse
 from colad.devices import Device, DeviceNode, Mount
 
 pytestmark = pytest.mark.unit
@@ -115,7 +115,7 @@ VALID = [
         ),
         id="every-key",
     ),
-    pytest.param(b"\n" * MAX_FILE_BYTES, Device("d"), id="exactly-the-size-limit"),
+    pytest.param(b"\n" * MAX_DEVICE_FILE_BYTES, Device("d"), id="exactly-the-size-limit"),
 ]
 
 
@@ -134,7 +134,7 @@ def _mount(**fields: str) -> bytes:
 
 INVALID = [
     # (content, fragment of the problem)
-    pytest.param(b"\n" * (MAX_FILE_BYTES + 1), "larger than 65536 bytes", id="too-large"),
+    pytest.param(b"\n" * (MAX_DEVICE_FILE_BYTES + 1), "larger than 65536 bytes", id="too-large"),
     pytest.param(b"health = \xff", "not UTF-8", id="not-utf8"),
     pytest.param(b"\xef\xbb\xbfversion = 1", "invalid TOML", id="utf8-bom"),
     pytest.param(b"health = ", "invalid TOML", id="invalid-toml"),

@@ -14,8 +14,8 @@ import tomllib
 import pytest
 
 from colad import device_wire, devicefile, messages
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devicefile import MAX_FILE_BYTES, MAX_KEY_PARTS, deep_key, parse
+from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
+from colad.devicefile import MAX_KEY_PARTS, deep_key, parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.discovery import RACY_WINDOW_NS, TOO_LARGE, fit_the_queue, racy
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 
 # Generous: the worst class takes ~0.1 s on a loaded 2-CPU machine; before the pre-scan, 20 s.
 BUDGET_S = 1.0
-N = MAX_FILE_BYTES
+N = MAX_DEVICE_FILE_BYTES
 
 
 def _fill(unit: str, head: str = "", tail: str = "", sep: str = "") -> str:
@@ -184,7 +184,7 @@ def _random_file(rng: random.Random) -> bytes:
     out = [rng.choice(PIECES) for _ in range(rng.randint(0, 200))]
     if kind < 0.3:  # a long chain of one piece, the shape that made tomllib quadratic
         out.insert(rng.randrange(len(out) + 1), rng.choice(PIECES) * rng.randint(100, 4000))
-    return "".join(out).encode("utf-8", "surrogateescape")[: MAX_FILE_BYTES + 1]
+    return "".join(out).encode("utf-8", "surrogateescape")[: MAX_DEVICE_FILE_BYTES + 1]
 
 
 @pytest.mark.parametrize("seed", range(8))

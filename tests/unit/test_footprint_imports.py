@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from colad import allocation, names
-
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,9 +82,3 @@ def test_the_watchdog_adds_to_supervisord_only_itself_and_the_log_format() -> No
     added = set(out.stdout.rsplit("MODULES", 1)[1].split())
     assert "colad.watchdog" in added
     assert sorted(added - WATCHDOG_ADDS) == []  # e.g. dataclasses would bring inspect, ast, dis: ~0.9 MiB
-
-
-def test_the_replica_policies_config_checks_are_the_ones_allocation_applies() -> None:
-    # names.py holds them so that loading a config does not import the allocation core.
-    assert allocation.REPLICA_POLICIES == names.REPLICA_POLICIES
-    assert allocation.DEFAULT_REPLICA_POLICY == names.DEFAULT_REPLICA_POLICY

@@ -74,7 +74,7 @@ def test_label_problem(resource: str, prefix: str, bad: bool) -> None:
 
 def test_many_resources_fit_nfds_file_limit() -> None:
     resources = [(f"example{i}.com/res{i}", SET) for i in range(300)]
-    assert len(nfd.render(resources)) < nfd.MAX_FILE_BYTES
+    assert len(nfd.render(resources)) < nfd.MAX_FEATURE_FILE_BYTES
 
 
 def test_writer_is_atomic_idempotent_and_hidden_while_writing(tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import pytest
 
 from colad.registration import (
     ANSWER_WITHIN,
-    BACKOFF_MAX,
     BACKOFF_MIN,
     EFFECTS,
     INITIAL_DEVICES_WAIT,
+    REGISTER_BACKOFF_MAX,
     STREAM_EXPECTED_WITHIN,
     STREAM_GRACE,
     Accepted,
@@ -216,7 +216,7 @@ CASES = [
         id="register-accepted-expects-a-stream-within-10s",
     ),
     pytest.param(
-        replace(REGISTERING, backoff=BACKOFF_MAX),
+        replace(REGISTERING, backoff=REGISTER_BACKOFF_MAX),
         RegisterDone(1, None),
         replace(REGISTERING, phase=Phase.REGISTERED, call=0, stream_check_at=NOW + STREAM_EXPECTED_WITHIN),
         [Accepted("colad-1.sock"), registered_transition(Phase.REGISTERING)],
@@ -259,18 +259,18 @@ CASES = [
         id="register-timed-out-may-land-late-so-the-retry-needs-a-fresh-socket",
     ),
     pytest.param(
-        replace(REGISTERING, backoff=BACKOFF_MAX),
+        replace(REGISTERING, backoff=REGISTER_BACKOFF_MAX),
         RegisterDone(1, "UNAVAILABLE: x"),
         replace(
             REGISTERING,
             phase=Phase.BACKOFF,
             call=0,
-            retry_at=NOW + BACKOFF_MAX,
-            backoff=BACKOFF_MAX,
+            retry_at=NOW + REGISTER_BACKOFF_MAX,
+            backoff=REGISTER_BACKOFF_MAX,
             last_error="UNAVAILABLE: x",
         ),
         [
-            RetryAt(NOW + BACKOFF_MAX, BACKOFF_MAX, "UNAVAILABLE: x"),
+            RetryAt(NOW + REGISTER_BACKOFF_MAX, REGISTER_BACKOFF_MAX, "UNAVAILABLE: x"),
             Transition(Phase.REGISTERING, Phase.BACKOFF, "UNAVAILABLE: x"),
         ],
         id="back-off-is-capped-at-5s",
@@ -368,7 +368,7 @@ CASES = [
     ),
     pytest.param(
         # chaos kubelet_restart during kubelet_away: the new kubelet must not wait out a 5 s back-off
-        replace(BACKOFF, backoff=BACKOFF_MAX, retry_at=NOW + 4.0),
+        replace(BACKOFF, backoff=REGISTER_BACKOFF_MAX, retry_at=NOW + 4.0),
         KubeletSeen(NEW_KUBELET, True, "watcher"),
         replace(
             BACKOFF,
@@ -896,7 +896,7 @@ def world_events(state: Registration, now: float, kubelet: str) -> list[tuple[Ev
     events: list[tuple[Event, float, str]] = [
         (DevicesSeen(), now, kubelet),
         (Timer(), later, kubelet),
-        (Timer(), now + BACKOFF_MAX + STREAM_EXPECTED_WITHIN + 30.0, kubelet),  # every deadline passed
+        (Timer(), now + REGISTER_BACKOFF_MAX + STREAM_EXPECTED_WITHIN + 30.0, kubelet),  # every deadline passed
         (KubeletSeen(new, True, "watcher"), now, new),
         (KubeletSeen("", True, "watcher"), now, ""),
         (KubeletSeen(kubelet, False, "watcher"), now, kubelet),

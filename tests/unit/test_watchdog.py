@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from colad.watchdog import BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER, Watchdog, _where
+from colad.watchdog import BACKOFF_FIRST, RESTART_BACKOFF_MAX, STABLE_AFTER, Watchdog, _where
 
 pytestmark = pytest.mark.unit
 ROLE = "colad:discovery"
@@ -21,7 +21,7 @@ def fatal_then_due(core: Watchdog, now: float) -> float:
     step = 0.0
     while not core.due(now + step):
         step += 0.5
-        assert step <= BACKOFF_MAX + 1
+        assert step <= RESTART_BACKOFF_MAX + 1
     return step
 
 
