@@ -118,7 +118,7 @@ def sender_main(queue_socket: str, count: int) -> None:
     try:
         from colad.queue_client import QueueClient
     except ImportError:  # before queue.py was split
-        from colad.queue import QueueClient  # type: ignore[attr-defined,no-redef]
+        from colad.queue_client import QueueClient
     from colad.devices import Device, DeviceSet
     from colad.messages import DeviceSnapshot
 
@@ -157,9 +157,9 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
     from colad import log
     from colad.config import Config
     from colad.devices import Device, DeviceSet
+    from colad.framing import Peer
     from colad.messages import DeviceSnapshot, KubeletState
     from colad.plugin import Plugin
-    from colad.queue import Peer
 
     log.setup("plugin", "INFO")
     values = {

@@ -40,7 +40,6 @@ from colad.config_checks import (
     spec_dir_problem,
     text_problem,
 )
-from colad.config_checks import device_entry_max_bytes as device_entry_max_bytes  # the list bound, for tests
 from colad.config_input import convert, read_file
 from colad.errors import ConfigError
 from colad.namemap import collisions

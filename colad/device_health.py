@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from colad.resource_scan import ResourceWatch
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
-LOG = log.get("colad.discovery")
+LOG = log.get(__name__)
 
 # What can change a host path's verdict, watched on each path's nearest existing parent.
 HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR

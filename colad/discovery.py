@@ -24,15 +24,10 @@ from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.device_health import TRIM_AFTER_NAMES, DeviceHealth, HealthOutputs
-from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
-from colad.devicedir import Cached as _Cached  # noqa: F401 - imported from here by tests
-from colad.devicedir import list_regular_files as list_regular_files
-from colad.devicedir import racy as racy
 from colad.devices import Device
 from colad.probes import ProbeRunner
 from colad.queue_client import QueueClient
-from colad.resource_scan import ResourceWatch as ResourceWatch
-from colad.snapshots import TOO_LARGE as TOO_LARGE
+from colad.resource_scan import ResourceWatch
 from colad.snapshots import Fitted, fit_the_queue
 
 LOG = log.get(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from colad import inuse, log, proc, rpc
+from colad import inuse, log, rpc, statefile
 from colad.api import podresources_pb2 as pb
 from colad.config import Config
 from colad.devices import request_id_problem
@@ -200,7 +200,7 @@ class InUseWatcher:
         body = inuse.state(
             self.view if self.available else {}, available=bool(self.available), reason=self.reason, updated=self.wall()
         )
-        proc.write_state_file(self.state_path, body)
+        statefile.write_json(self.state_path, body)
 
 
 def _assignments(response: pb.ListPodResourcesResponse, served: set[str]) -> tuple[list[inuse.Assignment], list[str]]:

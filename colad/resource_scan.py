@@ -26,7 +26,7 @@ from colad.devices import Device
 from colad.pathtrust import directory_problem
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
-LOG = log.get("colad.discovery")
+LOG = log.get(__name__)
 
 DEVICE_EVENTS = (
     pyinotify.IN_CREATE

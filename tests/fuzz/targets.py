@@ -19,10 +19,11 @@ from google.protobuf.message import DecodeError
 from colad import allocation, device_wire, devicefile, inuse, messages, podresources, rpc, snapshots
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
+from colad.broadcast import DeviceBroadcast
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
 from colad.metrics import Metrics
-from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents
+from colad.service import SERVICE, DevicePluginServicer, StreamEvents
 from tests.fuzz import wire
 
 DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])

@@ -18,16 +18,11 @@ import pytest
 from colad import allocation, cdi, log, namemap
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
+from colad.broadcast import DeviceBroadcast
+from colad.constants import UNHEALTHY
+from colad.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.metrics import Metrics
-from colad.service import (
-    CHECK_METADATA,
-    DeviceBroadcast,
-    DevicePluginServicer,
-    StreamEvents,
-    build_server,
-    to_container_response,
-)
+from colad.service import CHECK_METADATA, DevicePluginServicer, StreamEvents, build_server, to_container_response
 from colad.statefile import PluginState
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ import pytest
 
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot, KubeletState
 from colad.plugin import Plugin
-from colad.queue import Peer
 from colad.registration import BACKOFF_MAX
 from colad.service import DevicePluginServicer, RegisterCall, build_server
 from tests.fakes.kubelet import FakeKubelet

@@ -19,11 +19,12 @@ import pytest
 
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
+from colad.broadcast import DeviceBroadcast
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.device_list import _device
 from colad.devices import Device, DeviceSet
 from colad.metrics import Metrics
-from colad.service import DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.service import DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
 
 pytestmark = pytest.mark.integration

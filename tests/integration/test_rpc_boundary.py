@@ -20,11 +20,13 @@ import pytest
 from colad import rpc
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
+from colad.broadcast import DeviceBroadcast
 from colad.config import Config
-from colad.devices import UNHEALTHY, Device, DeviceSet
+from colad.constants import UNHEALTHY
+from colad.devices import Device, DeviceSet
 from colad.metrics import Metrics
 from colad.podresources import LIST, InUseWatcher
-from colad.service import SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.service import SERVICE, DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
 from tests.fuzz import wire
 from tests.helpers import wait_until

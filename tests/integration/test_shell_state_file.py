@@ -18,9 +18,9 @@ import pytest
 from colad import statefile
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot
 from colad.plugin import STATE_FILE_INTERVAL, Plugin
-from colad.queue import Peer
 from colad.service import build_server
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until

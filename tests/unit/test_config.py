@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from colad import config
-from colad.config import Config, load, resource_name_problem
+from colad.config import Config, load
 from colad.errors import ColadError, ConfigError
+from colad.names import resource_name_problem
 
 pytestmark = pytest.mark.unit
 

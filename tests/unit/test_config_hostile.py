@@ -23,9 +23,11 @@ from supervisor.options import UnhosedConfigParser
 
 from colad import config, constants, supervise
 from colad.config import Config, load
+from colad.config_checks import device_entry_max_bytes, max_devices_in_list
 from colad.config_input import MAX_CONFIG_FILE_BYTES
 from colad.errors import ConfigError
-from colad.httpserver import parse_address
+from colad.metrics import parse_address
+from colad.names import resource_name_problem
 
 pytestmark = pytest.mark.unit
 
@@ -112,9 +114,9 @@ def unusable(cfg: Config) -> list[str]:
             found.append(f"supervisord.conf: {exc!r}")
     resources = cfg.resources
     for resource in resources:
-        if config.resource_name_problem(resource.name):
+        if resource_name_problem(resource.name):
             found.append(f"resource {resource.name!r}")
-        if config.max_devices_in_list(resource.replicas) < 1:
+        if max_devices_in_list(resource.replicas) < 1:
             found.append(f"replicas {resource.replicas}")
     if found:
         return found
@@ -408,7 +410,7 @@ def encoded_list_size(files: int, replicas: int, numa_nodes: int) -> int:
 @pytest.mark.parametrize("numa_nodes", [0, 1, constants.MAX_DEVICE_LIST_ENTRIES])
 def test_the_list_size_bound_is_the_real_protobuf_size(replicas: int, numa_nodes: int) -> None:
     # The last replica ID is the longest: the bound is exact for it, never below any other.
-    per_entry = config.device_entry_max_bytes(replicas, numa_nodes)
+    per_entry = device_entry_max_bytes(replicas, numa_nodes)
     assert encoded_list_size(1, replicas, numa_nodes) <= replicas * per_entry
     from colad.api import deviceplugin_pb2 as pb
 
@@ -425,17 +427,17 @@ def test_the_list_size_bound_is_the_real_protobuf_size(replicas: int, numa_nodes
 
 @pytest.mark.parametrize("replicas, numa_nodes", [(1, 64), (1000, 64), (1000, 0), (7, 3)])
 def test_max_devices_in_list_fits_and_one_more_may_not(replicas: int, numa_nodes: int) -> None:
-    n = config.max_devices_in_list(replicas, numa_nodes)
+    n = max_devices_in_list(replicas, numa_nodes)
     assert n >= 1
     assert encoded_list_size(n, replicas, numa_nodes) <= constants.KUBELET_MAX_RECV_MESSAGE_BYTES
-    assert (n + 1) * replicas * config.device_entry_max_bytes(replicas, numa_nodes) > (
+    assert (n + 1) * replicas * device_entry_max_bytes(replicas, numa_nodes) > (
         constants.KUBELET_MAX_RECV_MESSAGE_BYTES
     )
 
 
 def test_every_allowed_replicas_value_fits_one_device() -> None:
-    assert all(config.max_devices_in_list(r) >= 1 for r in range(1, config.MAX_REPLICAS + 1))
-    assert config.max_devices_in_list(config.MAX_REPLICAS) == 10  # documented in the report / README
+    assert all(max_devices_in_list(r) >= 1 for r in range(1, config.MAX_REPLICAS + 1))
+    assert max_devices_in_list(config.MAX_REPLICAS) == 10  # documented in the report / README
 
 
 def test_a_replicas_value_that_cannot_fit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,8 @@ from colad.constants import HEALTHY, UNHEALTHY
 from colad.device_list import _device, encoded_list, fit_list
 from colad.devices import Device, DeviceSet
 from colad.messages import DeviceSnapshot
-from colad.snapshots import UPSERTS, Receiver, delta
+from colad.snapshots import UPSERTS, Receiver
+from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,7 @@ def test_every_set_a_delta_makes_encodes_as_protobuf_does(encode_base: bool) -> 
                 else:
                     by_id[name] = _device_of(rng, name)
             new = DeviceSnapshot(1, seq, DeviceSet.of(by_id.values()), True, "r")
-            message, digest = delta(held, digest, new, seq - 1)
+            message, digest = snapshot_delta(held, digest, new, seq - 1)
             outcome = receiver.apply(message if message is not None else new)
             assert outcome.snapshot is not None
             got = outcome.snapshot.devices
