@@ -3,7 +3,8 @@
 Each one is written from its contract, not from the production code, and is used only by
 tests (and bench/) to check the production answer: the devices a listing of names makes,
 the CDI spec of a set (cdi.encode's bytes must be its encode()), the delta between two sets
-(snapshots.moved_delta's, computed from diff()), and the labels NFD reads from a feature file.
+(snapshots.moved_delta's, computed from diff()), the ListAndWatch message protobuf itself builds
+from a set, and the labels NFD reads from a feature file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from colad import cdi
+from colad.api import deviceplugin_pb2 as pb
 from colad.device_wire import set_digest
 from colad.devices import Device, DeviceDiff, DeviceSet, SkippedName, diff, valid_ids
 from colad.messages import DeviceDelta, DeviceSnapshot
@@ -102,6 +104,22 @@ def snapshot_delta(
     came = [new.devices.by_id[i] for i in sorted((*change.added, *change.changed))]
     gone = [old.by_id[i] for i in (*change.removed, *change.changed)]
     return moved_delta(set_digest(old) if old_digest is None else old_digest, new, base, came, gone, change.removed)
+
+
+# --- the device plugin API -------------------------------------------------------------------
+
+
+def device_message(device: Device) -> pb.Device:
+    """A device as the v1beta1 API carries it: its ID, health and NUMA nodes (no topology when none)."""
+    if not device.numa_nodes:
+        return pb.Device(ID=device.device_id, health=device.health)
+    topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in device.numa_nodes])
+    return pb.Device(ID=device.device_id, health=device.health, topology=topology)
+
+
+def list_and_watch_bytes(devices: Iterable[Device]) -> bytes:
+    """protobuf's own serialization of the ListAndWatchResponse of `devices`, in order."""
+    return pb.ListAndWatchResponse(devices=[device_message(d) for d in devices]).SerializeToString()
 
 
 # --- NFD --------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from colad.trust import UNTRUSTED
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
 
+pytestmark = pytest.mark.integration
+
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")]
 NOBODY = 65534
 

@@ -19,6 +19,8 @@ from colad.broadcast import DeviceBroadcast
 from colad.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
 
+pytestmark = pytest.mark.unit
+
 SEEDS = range(40)
 
 

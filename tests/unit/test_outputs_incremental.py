@@ -19,6 +19,8 @@ from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, replicate
 from tests.oracles import cdi_spec
 
+pytestmark = pytest.mark.unit
+
 RESOURCE = "example.com/cola"
 NAMES = ["a", "b-1", "0dev", "9", "é-gpu", "x.y", "ends-", "ends_", 'q"uote', "back\\slash", "dev" + "7" * 40]
 

@@ -16,7 +16,7 @@ import pytest
 
 from colad import allocation, names
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 # The plugin's and discovery's: gRPC, protobuf, prometheus, the device model, the queue server.

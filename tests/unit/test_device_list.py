@@ -13,13 +13,12 @@ import random
 
 import pytest
 
-from colad.api import deviceplugin_pb2 as pb
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.device_list import _device, encoded_list, fit_list
+from colad.device_list import encoded_list, fit_list
 from colad.devices import Device, DeviceSet
 from colad.messages import DeviceSnapshot
 from colad.snapshots import UPSERTS, Receiver
-from tests.oracles import snapshot_delta
+from tests.oracles import list_and_watch_bytes, snapshot_delta
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +27,7 @@ NAMES = [f"cola{i:03d}" for i in range(60)]
 
 
 def _protobuf(devices: DeviceSet) -> bytes:
-    wire: bytes = pb.ListAndWatchResponse(devices=[_device(d) for d in devices]).SerializeToString()
+    wire: bytes = list_and_watch_bytes(devices)
     return wire
 
 
