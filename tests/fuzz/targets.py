@@ -176,7 +176,7 @@ def podresources_target(data: bytes) -> None:
     if isinstance(answer, rpc.Undecodable):
         return
     served = {"example.com/cola", wire.VALID_ID}
-    kept, skipped = podresources._assignments(answer, served)
+    kept, skipped = podresources.assignments_of(answer, served)
     view = inuse.holders(kept, served)
     body = inuse.state(view, available=True, reason="", updated=0.0)
     assert inuse.parse_rows(body["holders"]) == body["holders"]
