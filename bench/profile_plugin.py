@@ -182,7 +182,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         seq += 1
         devices = DeviceSet.of(held[k] for k in sorted(held))  # unchanged devices stay the same objects
         sent = time.monotonic()
-        plugin._on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), peer)
+        plugin.on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), peer)
         return sent
 
     results: dict[str, Any] = {}
@@ -231,7 +231,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         for n in range(20):
             kubelet.send("restart")
             at, line = kubelet.wait(at, "started")
-            plugin._on_message(KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer)  # fmt: skip # noqa: E501
+            plugin.on_message(KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer)  # fmt: skip # noqa: E501
             at, reg = kubelet.wait(at, "reg")
             at, upd = kubelet.wait(at, "upd", len(held))
             latencies.append(float(reg[1]) - float(line[1]))

@@ -85,10 +85,10 @@ class Running:
 
     def send(self, *ids: str) -> None:
         devices = DeviceSet.of([Device(i) for i in ids])
-        self.plugin._on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
 
     def watcher_reports(self) -> None:
-        self.plugin._on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
 
     def registered(self) -> bool:
         state = self.plugin.published.state.resources[0]

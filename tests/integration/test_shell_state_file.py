@@ -66,7 +66,7 @@ class Shell:
     def send(self, *ids: str) -> None:
         self.seq += 1
         snapshot = DeviceSnapshot(1, self.seq, DeviceSet.of([Device(i) for i in ids]), True, RESOURCE)
-        self.plugin._on_message(snapshot, Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(snapshot, Peer(os.getpid(), 0, 0))
 
     def wait_held(self, ids: list[str]) -> None:
         wanted = dict.fromkeys(ids, "Healthy")
