@@ -23,6 +23,7 @@ from colad import cdi, devices, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.probes import PENDING, Probe, ProbeRunner, Verdict
 from colad.queue_client import StatsReporter
 
@@ -158,7 +159,7 @@ class HealthOutputs:
     watches: dict[str, ResourceWatch]
     runner: ProbeRunner
     leftovers_counted: int  # runner.leftovers already counted as input.command_leftovers
-    host_inotify: watch.Inotify
+    host_inotify: Inotify
     host_wds: dict[str, tuple[int, int]]
     host_recheck: bool
     spec_writer: cdi.SpecWriter | None

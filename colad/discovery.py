@@ -25,6 +25,7 @@ from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.device_health import TRIM_AFTER_NAMES, DeviceHealth, HealthOutputs
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.probes import ProbeRunner
 from colad.queue_client import QueueClient
 from colad.resource_scan import ResourceWatch
@@ -54,7 +55,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.leftovers_counted = 0
         # Host-path watches in their own inotify: a shared one would merge them with the device
         # directories' watches (one wd per inode) and a removal would end both.
-        self.host_inotify = watch.Inotify(self.stats.count)
+        self.host_inotify = Inotify(self.stats.count)
         self.host_wds: dict[str, tuple[int, int]] = {}  # directory -> (wd, mask)
         self.spec_writer = cdi.SpecWriter(cfg.cdi_spec_dir) if cfg.cdi != "off" and cfg.cdi_spec_dir else None
         self.features = nfd.FeatureFileWriter(cfg.nfd_features_file) if cfg.nfd_features_file else None
@@ -332,7 +333,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     def extra_fds(self) -> list[int | None]:
         return [self.host_inotify.fileno(), *self.runner.fds()]
 
-    def inotifies(self) -> list[watch.Inotify]:
+    def inotifies(self) -> list[Inotify]:
         return [self.inotify, self.host_inotify]
 
     def degraded_changed(self) -> None:

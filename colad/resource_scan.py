@@ -23,6 +23,7 @@ from colad.device_health import DeviceHealth
 from colad.devicedir import Cached as _Cached
 from colad.devicedir import is_regular_file, list_regular_files, read_device
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.pathtrust import directory_problem
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
@@ -102,7 +103,7 @@ class ResourceWatch:
 
     def __init__(
         self,
-        inotify: watch.Inotify,
+        inotify: Inotify,
         resource: Resource,
         health: DeviceHealth | None = None,
         trusted: frozenset[int] = trust.ROOT_ONLY,

@@ -232,9 +232,10 @@ def wait_and_wake(parent: int, pidfile: str, sock_path: str) -> int:
     import pyinotify  # only the waker needs these, after the fork: never on the path to exec
 
     from colad import watch
+    from colad.inotify import Inotify
 
     started = time.monotonic()
-    inotify = watch.Inotify()
+    inotify = Inotify()
     watched = inotify.add(
         os.path.dirname(pidfile), pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_ONLYDIR
     )
