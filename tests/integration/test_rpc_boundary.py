@@ -321,7 +321,7 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
         allocatable = prpb.AllocatableResourcesResponse.DESCRIPTOR
         for label, data in wire.cases(allocatable, plain={"resource_name": COLA.encode()}):
             kubelet.allocatable = data
-            watcher._close()  # a fresh connection asks again
+            watcher.stop()  # closes the connection: the next poll dials afresh and asks again
             watcher.poll()
             assert watcher.available, label
         kubelet.fail = grpc.StatusCode.INTERNAL
