@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable
 from itertools import count as counter
 
-from colad import device_wire, devices, messages, service, snapshots
+from colad import device_list, device_wire, devices, messages, snapshots
 from colad.config import Config
 from colad.devices import Device, DeviceSet
 from colad.discovery import Discovery
+from tests.oracles import snapshot_delta
 
 Timed = Callable[[], object]
 
@@ -46,7 +47,7 @@ def _cpu(make: Callable[[], Timed], budget: float = 1.0) -> float:
 
 
 def _encode_delta(old: DeviceSet, digest: int, full: messages.DeviceSnapshot, change: devices.DeviceDiff) -> bytes:
-    found, _ = snapshots.delta(old, digest, full, 1, change)
+    found, _ = snapshot_delta(old, digest, full, 1, change)
     assert found is not None
     return messages.encode(found)
 
@@ -55,7 +56,7 @@ def _queue(count: int, old: DeviceSet, new: DeviceSet) -> dict[str, float]:
     full = messages.DeviceSnapshot(1, 2, new)
     digest = device_wire.set_digest(old)
     change = devices.diff(old, new)
-    found, _ = snapshots.delta(old, digest, full, 1, change)
+    found, _ = snapshot_delta(old, digest, full, 1, change)
     assert found is not None
     full_bytes, delta_bytes = messages.encode(full), messages.encode(found)
     receiver = snapshots.Receiver()
@@ -80,8 +81,8 @@ def _queue(count: int, old: DeviceSet, new: DeviceSet) -> dict[str, float]:
 
 def _plugin(old: DeviceSet) -> dict[str, float]:
     """The plugin after the queue: every run gets `old` (already advertised) plus one device never seen."""
-    service.fit_list(old, 1)
-    service.fit_list(old, 2)
+    device_list.fit_list(old, 1)
+    device_list.fit_list(old, 2)
     fresh = counter()
 
     def one_more() -> DeviceSet:
@@ -91,15 +92,15 @@ def _plugin(old: DeviceSet) -> dict[str, float]:
         new = one_more()
 
         def run() -> None:
-            fitted = service.fit_list(new, replicas)
-            service.to_response(fitted.devices).SerializeToString()  # one stream's send, as gRPC serializes it
+            fitted = device_list.fit_list(new, replicas)
+            device_list.to_response(fitted.devices).SerializeToString()  # one stream's send, as gRPC serializes it
 
         return run
 
     return {
-        "fit_list_ms": _cpu(lambda: (lambda new: lambda: service.fit_list(new, 1))(one_more())) * 1e3,
+        "fit_list_ms": _cpu(lambda: (lambda new: lambda: device_list.fit_list(new, 1))(one_more())) * 1e3,
         "list_and_watch_ms": _cpu(
-            lambda: (lambda new: lambda: service.to_response(new).SerializeToString())(one_more())
+            lambda: (lambda new: lambda: device_list.to_response(new).SerializeToString())(one_more())
         )
         * 1e3,
         "plugin_change_ms": _cpu(lambda: change(1)) * 1e3,

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from colad import allocation, devicefile, devices, messages, watch
+from colad import allocation, devicefile, devices, messages
 from colad.config import Resource
-from colad.discovery import ResourceWatch
+from colad.inotify import Inotify
+from colad.resource_scan import ResourceWatch
 
 CONTENT = """version = 1
 numa_nodes = [{node}]
@@ -52,7 +53,7 @@ def scan_figures(root: Path, count: int, with_content: bool) -> tuple[list[float
         name = f"cola{n}"
         text = CONTENT.format(node=n % 4, name=name) if with_content else ""
         (directory / name).write_text(text)
-    inotify = watch.Inotify()
+    inotify = Inotify()
     rw = ResourceWatch(inotify, Resource("myway5.com/cola", str(directory)))
 
     def cold() -> None:

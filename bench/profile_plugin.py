@@ -161,9 +161,9 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
     from colad import log
     from colad.config import Config
     from colad.devices import Device, DeviceSet
+    from colad.framing import Peer
     from colad.messages import DeviceSnapshot, KubeletState
     from colad.plugin import Plugin
-    from colad.queue import Peer
 
     log.setup("plugin", "INFO")
     values = {
@@ -192,7 +192,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         seq += 1
         devices = DeviceSet.of(held[k] for k in sorted(held))  # unchanged devices stay the same objects
         sent = time.monotonic()
-        plugin._on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), peer)
+        plugin.on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), peer)
         return sent
 
     results: dict[str, Any] = {}
@@ -242,7 +242,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         for n in range(20):
             kubelet.send("restart")
             at, line = kubelet.wait(at, "started")
-            plugin._on_message(
+            plugin.on_message(
                 KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer
             )
             at, reg = kubelet.wait(at, "reg")

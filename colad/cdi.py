@@ -1,8 +1,8 @@
 """CDI specs: what a container runtime needs to resolve `<resource>=<device ID>` on its own.
 
-build() turns one resource's advertised device set into a Container Device Interface spec
-(kind = the resource name, one device per advertised ID, replicas included) and picks the
-lowest cdiVersion that carries it; it is pure. SpecWriter is the thin shell: an atomic
+encode() turns one resource's advertised device set into a Container Device Interface spec's bytes
+(kind = the resource name, one device per advertised ID, replicas included) at the lowest
+cdiVersion that carries it; it is pure. SpecWriter is the thin shell: an atomic
 write + rename into the spec directory (default /var/run/cdi), and a removal on stop.
 SpecReader is the plugin's side: which devices the spec file really lists, so Allocate names
 only those (a spec discovery could not write names nothing a runtime could resolve).
@@ -36,24 +36,6 @@ DEFAULT_SPEC_DIR = "/var/run/cdi"
 # version is lower than the features it uses need. So the lowest sufficient version is the
 # only one every runtime takes.
 VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0")
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One resource's CDI spec: the JSON document and the advertised IDs it could not carry."""
-
-    kind: str
-    document: dict[str, Any]
-    skipped: tuple[SkippedName, ...] = ()
-
-    @property
-    def version(self) -> str:
-        return str(self.document["cdiVersion"])
-
-    def encode(self) -> bytes:
-        """The file's bytes: canonical, so an unchanged set gives identical bytes (no rewrite). Compact:
-        `indent` makes json use its pure-Python encoder (124 ms against 16 ms for 10,000 devices)."""
-        return (_dumps(self.document) + "\n").encode()
 
 
 def marker(device_id: str) -> str:
@@ -142,9 +124,14 @@ def same_entry(a: Device, b: Device) -> bool:
 
 
 def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes | None:
-    """build(resource_name, replicate(physical, replicas)).encode(), byte for byte (None: no spec),
-    joined from the entries kept on each device: only a device not seen before is encoded
-    (the whole spec's json.dumps would cost 36 ms at 10,000 devices, on every change)."""
+    """The CDI spec file of `resource_name` for replicate(physical, replicas): canonical JSON, one line.
+
+    Every advertised ID is a device, Healthy or not: a container that already holds a device
+    that turned Unhealthy must still resolve it when the kubelet restarts it. None when the
+    resource name is not a CDI kind, or no ID is a CDI name (a spec without devices is
+    invalid from CDI 0.6 on): the caller removes the file then. Joined from the entries kept
+    on each device: only a device not seen before is encoded (the whole spec's json.dumps
+    would cost 36 ms at 10,000 devices, on every change)."""
     kind = _kind(resource_name)
     if kind is None:
         return None
@@ -203,25 +190,6 @@ def required_version(document: dict[str, Any]) -> str:
     return "0.3.0"
 
 
-def build(resource_name: str, devices: DeviceSet) -> Spec | None:
-    """The CDI spec of `resource_name` for its advertised `devices`, or None when there is none.
-
-    Every advertised ID is a device, Healthy or not: a container that already holds a device
-    that turned Unhealthy must still resolve it when the kubelet restarts it. None when the
-    resource name is not a CDI kind, or no ID is a CDI name (a spec without devices is
-    invalid from CDI 0.6 on): the caller removes the file then.
-    """
-    if cdi_kind_problem(resource_name) is not None:
-        return None
-    found = [_entry(device) for device in devices]
-    entries = [e for e in found if not isinstance(e, SkippedName)]
-    if not entries:
-        return None
-    document: dict[str, Any] = {"cdiVersion": "", "kind": cdi_kind(resource_name), "devices": entries}
-    document["cdiVersion"] = required_version(document)
-    return Spec(document["kind"], document, tuple(e for e in found if isinstance(e, SkippedName)))
-
-
 class SpecWriter:
     """Writes and removes colad's spec files in one directory, each only when its bytes change (on disk: a file
     edited or removed behind colad's back is written again). The temporary file ends in .tmp, which runtimes
@@ -233,12 +201,9 @@ class SpecWriter:
     def path(self, resource_name: str) -> str:
         return os.path.join(self.spec_dir, cdi_spec_file(resource_name))
 
-    def write(self, resource_name: str, spec: Spec | None) -> bool:
-        """Write `spec` (remove the file when None); True if the directory changed. Raises OSError."""
-        return self.write_bytes(resource_name, None if spec is None else spec.encode())
-
     def write_bytes(self, resource_name: str, data: bytes | None) -> bool:
-        """write() of a spec's encode() (or of encode()'s): None removes the file."""
+        """Write a spec's bytes (encode()'s), or remove the file when None; True if the directory changed.
+        Raises OSError."""
         if data is None:
             return self.remove(resource_name)
         path = self.path(resource_name)

@@ -21,6 +21,7 @@ from colad import cdi, hostpaths, log, namemap, nfd, trust, watch
 from colad.config import Config
 from colad.device_rules import cdi_device_name_problem, split_cdi_name
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.probes import PENDING, ProbeRunner
 from colad.queue_client import StatsReporter
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from colad.resource_scan import ResourceWatch
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
-LOG = log.get("colad.discovery")
+LOG = log.get(__name__)
 
 # What can change a host path's verdict, watched on each path's nearest existing parent.
 HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
@@ -55,7 +56,7 @@ class HealthOutputs:
     watches: dict[str, ResourceWatch]
     runner: ProbeRunner
     leftovers_counted: int  # runner.leftovers already counted as input.command_leftovers
-    host_inotify: watch.Inotify
+    host_inotify: Inotify
     host_wds: dict[str, tuple[int, int]]
     host_recheck: bool
     spec_writer: cdi.SpecWriter | None

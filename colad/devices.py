@@ -1,4 +1,4 @@
-"""The pure device core: device IDs, the device model, device sets, scan results and diffs.
+"""The pure device core: device IDs, the device model, device sets, skipped names and diffs.
 
 Discovery hands in the names it listed (and devicefile.py the parsed files);
 this module decides which are devices and what a valid device is (how one
@@ -376,14 +376,6 @@ class SkippedName:
     reason: str
 
 
-@dataclass(frozen=True)
-class ScanResult:
-    """One listing of a device directory: the devices its names make, and the names skipped."""
-
-    devices: DeviceSet
-    skipped: tuple[SkippedName, ...] = ()
-
-
 def valid_ids(names: Iterable[str]) -> tuple[list[str], dict[str, str]]:
     """The names that are device IDs, sorted and once each, and why each other name is not one."""
     ids: list[str] = []
@@ -395,13 +387,6 @@ def valid_ids(names: Iterable[str]) -> tuple[list[str], dict[str, str]]:
         else:
             problems[name] = problem
     return ids, problems
-
-
-def build(names: Iterable[str]) -> ScanResult:
-    """Turn the regular-file names found in the device directory into a ScanResult."""
-    ids, problems = valid_ids(names)
-    skipped = tuple(SkippedName(name, problem) for name, problem in problems.items())
-    return ScanResult(DeviceSet.of([Device(i) for i in ids]), skipped)
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,12 @@ from colad import config as config_mod
 from colad.config import Config, Resource
 from colad.constants import UNHEALTHY
 from colad.device_health import TRIM_AFTER_NAMES, HealthOutputs
-from colad.devicedir import RACY_WINDOW_NS as RACY_WINDOW_NS
-from colad.devicedir import Cached as _Cached  # noqa: F401 - imported from here by tests
-from colad.devicedir import list_regular_files as list_regular_files
-from colad.devicedir import racy as racy
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.probes import ProbeRunner
 from colad.queue_client import QueueClient
-from colad.resource_scan import DeviceHealth
-from colad.resource_scan import ResourceWatch as ResourceWatch
+from colad.resource_scan import DeviceHealth, ResourceWatch
 from colad.roles import DISCOVERY
-from colad.snapshots import TOO_LARGE as TOO_LARGE
 from colad.snapshots import Fitted, fit_the_queue
 
 LOG = log.get(__name__)
@@ -61,7 +56,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.leftovers_counted = 0
         # Host-path watches in their own inotify: a shared one would merge them with the device
         # directories' watches (one wd per inode) and a removal would end both.
-        self.host_inotify = watch.Inotify(self.stats.count)
+        self.host_inotify = Inotify(self.stats.count)
         self.host_wds: dict[str, tuple[int, int]] = {}  # directory -> (wd, mask)
         self.spec_writer = cdi.SpecWriter(cfg.cdi_spec_dir) if cfg.cdi != "off" and cfg.cdi_spec_dir else None
         self.features = nfd.FeatureFileWriter(cfg.nfd_features_file) if cfg.nfd_features_file else None
@@ -350,7 +345,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
     def extra_fds(self) -> list[int | None]:
         return [self.host_inotify.fileno(), *self.runner.fds()]
 
-    def inotifies(self) -> list[watch.Inotify]:
+    def inotifies(self) -> list[Inotify]:
         return [self.inotify, self.host_inotify]
 
     def degraded_changed(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from colad import constants, dirpath, log, trust
 from colad import registration as reg
+from colad.broadcast import DeviceBroadcast
 from colad.config import Resource
 from colad.device_list import FittedList, fit_list
 from colad.devices import DeviceSet
@@ -25,7 +26,7 @@ from colad.kubeletdir import fresh_endpoint, socket_identity
 from colad.messages import DeviceSnapshot
 from colad.metrics import Metrics
 from colad.plugin_events import Call, CallDone, EmptyListSent, ListSent, StopRequested, StreamChanged
-from colad.service import DeviceBroadcast, DevicePluginServicer, RegisterCall, StreamEvents, build_server
+from colad.service import DevicePluginServicer, RegisterCall, StreamEvents, build_server
 from colad.snapshots import keep_stats, stats_of
 from colad.socketpath import SocketRecord
 from colad.statefile import ListCut, ResourceState, SickList

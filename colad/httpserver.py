@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 LOG = log.get(__name__)
-__all__ = ["MetricsServer", "parse_address"]
 
 # Scrapers and probes send one small GET and wait: anything slower or larger is not one of them.
 MAX_CONNECTIONS = 32  # request heads being read at once; a new connection past it closes one (choose_victim)

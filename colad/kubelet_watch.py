@@ -14,6 +14,7 @@ import time
 from colad import config as config_mod
 from colad import constants, log, messages, watch
 from colad.config import Config
+from colad.inotify import Event
 from colad.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
 from colad.queue_client import QueueClient
 from colad.roles import KUBELET_WATCH
@@ -31,7 +32,7 @@ class KubeletWatch(watch.WatcherLoop):
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
         self.last: tuple[str, tuple[str, ...]] | None = None
 
-    def relevant(self, event: watch.Event) -> bool:
+    def relevant(self, event: Event) -> bool:
         if event.overflow or event.mask & watch.SELF_GONE:
             return True
         if not self.kubelet_dir.concerns(event):

@@ -66,18 +66,6 @@ def render(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = ""
     return ("\n".join(lines) + "\n").encode()
 
 
-def parse(data: bytes) -> dict[str, str]:
-    """The labels NFD's local source reads from `data` (its parseFeatureFile, without expiry)."""
-    labels = {}
-    for raw in data.decode("utf-8", "replace").split("\n"):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        labels[key] = value if sep else "true"
-    return labels
-
-
 class FeatureFileWriter:
     """Writes the feature file atomically, only when its bytes change; removes it on request."""
 

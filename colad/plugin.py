@@ -81,7 +81,7 @@ class Plugin:
         self.events: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
         self.record = SocketRecord(cfg.socket_record_file)
-        self.sockets = Sockets(cfg, self.record, self.metrics, self._on_message, self._on_reject)
+        self.sockets = Sockets(cfg, self.record, self.metrics, self.on_message, self._on_reject)
         self.ctx = Context(
             cfg.kubelet_dir,
             cfg.kubelet_socket,
@@ -114,7 +114,8 @@ class Plugin:
         self.state_problem = ""  # for /healthz and status while writes fail
 
     # Called from other threads: only post events.
-    def _on_message(self, message: messages.Message, peer: Peer) -> None:
+    def on_message(self, message: messages.Message, peer: Peer) -> None:
+        """A message from a queue peer: posted to the life-cycle thread (the queue server's callback)."""
         self.events.put(ev.Received(message, peer, self.clock()))
 
     def _on_reject(self, reason: str) -> None:

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from colad import log, messages
 from colad.config import Config
 from colad.errors import InstanceError
+from colad.framing import Peer
 from colad.kubeletdir import plugin_socket_names
 from colad.metrics import Metrics
-from colad.queue import Peer, QueueServer
+from colad.queue import QueueServer
 from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path
 
 LOG = log.get(__name__)

@@ -5,7 +5,7 @@ connection, GetAllocatableResources), hands plain tuples to the pure core (inuse
 hand-overs, publishes an InUse snapshot for /metrics and writes run_dir/state/inuse.json for `colad status`.
 An absent or old kubelet degrades to "unavailable" with one log line, never a crash. Calls go through
 rpc.Client (each failure counted in colad_rpc_errors_total); the answer is checked entry by entry where it
-becomes plain tuples (_assignments): an entry colad cannot use is skipped, counted and told once.
+becomes plain tuples (assignments_of): an entry colad cannot use is skipped, counted and told once.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from colad import inuse, log, proc, rpc
+from colad import inuse, log, rpc, statefile
 from colad.api import podresources_pb2 as pb
 from colad.config import Config
 from colad.devices import request_id_problem
@@ -120,7 +120,7 @@ class InUseWatcher:
             return
         if fresh:
             self._log_allocatable(client, served)
-        assignments, skipped = _assignments(response, served)
+        assignments, skipped = assignments_of(response, served)
         self._note_skipped(skipped)
         view = inuse.holders(assignments, served)
         self._up()
@@ -202,10 +202,10 @@ class InUseWatcher:
         body = inuse.state(
             self.view if self.available else {}, available=bool(self.available), reason=self.reason, updated=self.wall()
         )
-        proc.write_state_file(self.state_path, body)
+        statefile.write_json(self.state_path, body)
 
 
-def _assignments(response: pb.ListPodResourcesResponse, served: set[str]) -> tuple[list[inuse.Assignment], list[str]]:
+def assignments_of(response: pb.ListPodResourcesResponse, served: set[str]) -> tuple[list[inuse.Assignment], list[str]]:
     """The entries of the served resources as plain tuples, and why each one that cannot be used was skipped.
 
     Names are Kubernetes object names (DNS-1123, which bounds them) and device IDs ones colad could have

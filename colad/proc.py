@@ -77,13 +77,3 @@ def reload_config(running: Config) -> tuple[Config, tuple[str, ...]]:
         LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(running, key))
     log.set_level(applied.log_level)
     return applied, deferred
-
-
-def write_state_file(path: str, body: object) -> bool:
-    """Replace the JSON state file `path` atomically; False (logged) on failure, never raises.
-
-    One writer for every state file: statefile.write_json (0600 in a 0700 directory, tmp + rename).
-    """
-    from colad import statefile  # it imports the device model, which the small roles never need
-
-    return statefile.write_json(path, body)

@@ -18,13 +18,10 @@ from collections.abc import Callable
 
 from colad import log, messages, snapshots
 from colad.errors import MessageError
-from colad.framing import HEADER, Peer, frame, peer_of
-from colad.queue_client import QueueClient, StatsReporter
+from colad.framing import HEADER, Peer, peer_of
 from colad.socketpath import claim_socket_path
 
 LOG = log.get(__name__)
-# Re-exported for the roles and tools that import them from here: the queue is one name to them.
-__all__ = ["Peer", "QueueClient", "QueueServer", "StatsReporter", "frame"]
 # Read at once: every change, every Stats and a snapshot of ~1,500 devices (a 10,000-device one is 7 reads).
 # Resident for good (0.125 MiB), where a 1 MiB buffer per recv() would be mapped and unmapped each time.
 RECV_CHUNK = 128 * 1024

@@ -16,7 +16,7 @@ from colad import log, messages
 from colad.errors import QueueError
 from colad.framing import frame, peer_of
 
-LOG = log.get("colad.queue")  # one logger for both ends: operators filter the queue by it
+LOG = log.get(__name__)
 
 
 class QueueClient:

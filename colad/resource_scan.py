@@ -24,11 +24,12 @@ from colad.constants import MAX_DEVICE_ID_LENGTH, UNHEALTHY
 from colad.devicedir import Cached as _Cached
 from colad.devicedir import is_regular_file, list_regular_files, read_device
 from colad.devices import Device
+from colad.inotify import Inotify
 from colad.pathtrust import directory_problem
 from colad.probes import PENDING, Probe, ProbeRunner, Verdict
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
-LOG = log.get("colad.discovery")
+LOG = log.get(__name__)
 
 DEVICE_EVENTS = (
     pyinotify.IN_CREATE
@@ -205,7 +206,7 @@ class ResourceWatch:
 
     def __init__(
         self,
-        inotify: watch.Inotify,
+        inotify: Inotify,
         resource: Resource,
         health: DeviceHealth | None = None,
         trusted: frozenset[int] = trust.ROOT_ONLY,

@@ -23,25 +23,13 @@ from colad import allocation, cdi, constants, log, pathtrust, rpc, trust
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
 from colad.broadcast import DeviceBroadcast
-from colad.device_list import encoded_list, fit_list, to_response
+from colad.device_list import encoded_list
 from colad.devices import DeviceSet, request_id_problem
 from colad.errors import AllocationError, RequestError
 from colad.metrics import Metrics
 from colad.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME
 
 LOG = log.get(__name__)
-# fit_list and to_response are re-exported for bench/delta.py, which measures them as the servicer's;
-# DeviceBroadcast (broadcast.py) for the roles and tests that name it from here.
-__all__ = [
-    "DeviceBroadcast",
-    "DevicePluginServicer",
-    "RegisterCall",
-    "StreamEvents",
-    "build_server",
-    "fit_list",
-    "plugin_options",
-    "to_response",
-]
 
 # Streams and PreStartContainer calls beyond these are refused (RESOURCE_EXHAUSTED), so neither watchers
 # (kubelet-sim, colad check...) nor prepares waiting for a turn can take every worker from Allocate: a

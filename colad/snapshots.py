@@ -1,7 +1,7 @@
 """The queue's streams in order: device sets as full snapshots and deltas, and which messages are news.
 
 Pure: no I/O, clock or logging. Discovery fits a snapshot to the frame (`fit_the_queue`)
-and builds a DeviceDelta (`delta()`, `moved_delta()`); the queue
+and builds a DeviceDelta (`moved_delta()`); the queue
 server feeds each device message to a `Receiver` (the exact set now held, "stale", or
 "resync": the server drops that connection and the sender starts again with a full
 snapshot) and every other message to a `SequenceTracker` ((epoch, seq) must move forward).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from colad import device_wire, messages
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.device_wire import moved_digest, set_digest
-from colad.devices import Device, DeviceDiff, DeviceSet, diff
+from colad.devices import Device, DeviceSet
 from colad.messages import DeviceDelta, DeviceSnapshot, Message
 
 # Past this many changed devices, a sorted rebuild is cheaper than one insertion or deletion each.
@@ -66,21 +66,6 @@ def keep_stats(devices: DeviceSet, stats: SetStats) -> None:
     devices.remember(_STATS, stats)
 
 
-def delta(
-    old: DeviceSet, old_digest: int | None, new: DeviceSnapshot, base: int, change: DeviceDiff | None = None
-) -> tuple[DeviceDelta | None, int]:
-    """The delta from `old` (sent at seq `base`) to `new`, and the digest of `new`.
-
-    `old_digest` is set_digest(old), computed here when None (the first change);
-    `change` is diff(old, new.devices) when the caller has it. The delta is None
-    when it would carry as much as a full snapshot: the caller then sends `new` whole.
-    """
-    change = diff(old, new.devices) if change is None else change
-    came = [new.devices.by_id[i] for i in sorted((*change.added, *change.changed))]  # decode()'s order
-    gone = [old.by_id[i] for i in (*change.removed, *change.changed)]
-    return moved_delta(set_digest(old) if old_digest is None else old_digest, new, base, came, gone, change.removed)
-
-
 def moved_delta(
     old_digest: int,
     new: DeviceSnapshot,
@@ -89,8 +74,12 @@ def moved_delta(
     gone: Sequence[Device],
     removed: tuple[str, ...],
 ) -> tuple[DeviceDelta | None, int]:
-    """delta() from what the caller knows changed, in O(change): `came` (added or changed, sorted by ID),
-    `gone` (the devices removed or replaced), `removed` (the IDs gone, sorted)."""
+    """The delta from the set sent at seq `base` (its digest `old_digest`) to `new`, and the digest of `new`.
+
+    Built in O(change) from what the caller knows changed: `came` (added or changed, sorted by ID),
+    `gone` (the devices removed or replaced), `removed` (the IDs gone, sorted). The delta is None
+    when it would carry as much as a full snapshot: the caller then sends `new` whole.
+    """
     digest = moved_digest(old_digest, gone, came)
     if len(came) + len(removed) >= max(len(new.devices), 1):
         return None, digest

@@ -211,7 +211,7 @@ def start_waker(conf_text: str) -> int | None:
         return pid
     code = 1
     try:
-        code = _wake(parent, *paths)
+        code = wait_and_wake(parent, *paths)
     except BaseException as exc:  # a stop signal (SystemExit) or anything else: only this process ends
         LOG.warning("supervisord waker failed", error=exc)
     finally:
@@ -227,14 +227,15 @@ def _written_by(pidfile: str, pid: int) -> bool:
         return False
 
 
-def _wake(parent: int, pidfile: str, sock_path: str) -> int:
+def wait_and_wake(parent: int, pidfile: str, sock_path: str) -> int:
     """The waker's body: wait (inotify on the pid file's directory, bounded) for `parent`'s pid file."""
     import pyinotify  # only the waker needs these, after the fork: never on the path to exec
 
     from colad import watch
+    from colad.inotify import Inotify
 
     started = time.monotonic()
-    inotify = watch.Inotify()
+    inotify = Inotify()
     watched = inotify.add(
         os.path.dirname(pidfile), pyinotify.IN_CLOSE_WRITE | pyinotify.IN_MOVED_TO | pyinotify.IN_ONLYDIR
     )

@@ -26,7 +26,6 @@ from colad.inotify import INSTANCES, WATCHES, Event, Inotify
 from colad.queue_client import QueueClient, StatsReporter
 
 LOG = log.get(__name__)
-__all__ = ["Event", "Inotify"]  # re-exported: the roles and tests name them watch.Event, watch.Inotify
 
 # Events that mean "the watched directory itself is gone or no longer the same".
 SELF_GONE = pyinotify.IN_IGNORED | pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_UNMOUNT

@@ -72,7 +72,7 @@ class Watchdog:
         ]
 
 
-def _where(exc: BaseException) -> str:
+def raised_at(exc: BaseException) -> str:
     """file:line where `exc` was raised: one log line names it, no traceback module, no multi-line dump."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -145,7 +145,11 @@ def failed(what: str, exc: Exception, **fields: object) -> None:
     """The one line a callback's failure costs; even a failing log call stays inside this function."""
     try:
         LOG.error(
-            "watchdog callback failed; supervisord goes on", callback=what, error=repr(exc), where=_where(exc), **fields
+            "watchdog callback failed; supervisord goes on",
+            callback=what,
+            error=repr(exc),
+            where=raised_at(exc),
+            **fields,
         )
     except Exception:  # noqa: S110 - nothing is left to report it with
         pass

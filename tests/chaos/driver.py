@@ -32,8 +32,8 @@ from pathlib import Path
 
 from colad import messages
 from colad.devices import Device, DeviceSet
+from colad.framing import frame
 from colad.plugin_health import PROGRAMS
-from colad.queue import frame
 from tests.fakes.kubelet import FakeKubelet
 from tests.flood import flooding
 from tests.helpers import http_get, metrics_address, wait_until

@@ -24,6 +24,7 @@ from colad import cdi, namemap
 from colad.devicefile import parse
 from colad.devices import DeviceSet, replicate
 from tests import image
+from tests.oracles import cdi_spec, spec_bytes
 
 RESOURCE = "myway5.com/cola"
 MACHINE_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi", "/run/cdi")
@@ -137,8 +138,8 @@ container_path = "/opt/cola"
     device_file.write_text(content)
     (device_dir / "cola1").write_text("")
     writer = cdi.SpecWriter(str(spec_dir))
-    spec = cdi.build(RESOURCE, _scan(device_dir))
-    assert writer.write(RESOURCE, spec) is True
+    spec = cdi_spec(RESOURCE, _scan(device_dir))
+    assert writer.write_bytes(RESOURCE, spec_bytes(spec)) is True
     assert spec is not None and spec.version == "0.5.0"  # a renamed device node needs hostPath
     assert os.listdir(spec_dir) == ["colad-myway5.com-cola.json"]
 
@@ -153,8 +154,8 @@ container_path = "/opt/cola"
     # A change of the device file reaches the spec, and the next container: a new value, a
     # writable mount, and two replicas of every device.
     device_file.write_text(content.replace('"fast"', '"slow"') + "read_only = false\n")
-    changed = cdi.build(RESOURCE, _scan(device_dir, replicas=2))
-    assert writer.write(RESOURCE, changed) is True
+    changed = cdi_spec(RESOURCE, _scan(device_dir, replicas=2))
+    assert writer.write_bytes(RESOURCE, spec_bytes(changed)) is True
     seen = _seen(_run(short_tmp, spec_dir, "cola0::1", SEE))
     assert seen["mode"] == "slow"
     assert seen["marks"] == "COLA_DEVICE_cola0_3A_3A1=cola0::1 ", seen
@@ -167,7 +168,7 @@ container_path = "/opt/cola"
     assert bare["marks"] == "COLA_DEVICE_cola1_3A_3A0=cola1::0"
 
     # Stop: the spec is removed, and podman no longer resolves the name.
-    assert writer.write(RESOURCE, None) is True
+    assert writer.write_bytes(RESOURCE, None) is True
     gone = _run(short_tmp, spec_dir, "cola0::1", "true")
     assert gone.returncode != 0 and "unresolvable CDI devices" in gone.stderr, gone.stderr
     assert _machine_state() == before

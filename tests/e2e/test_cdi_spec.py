@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, namemap, nfd
+from colad import cdi, namemap
 from tests.e2e.test_cdi_podman import RESOURCE, SEE, _machine_state, _run, _seen, needs_podman
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
+from tests.oracles import nfd_labels
 from tests.service import ColadService
 from tests.unit.test_cdi import _schema
 
@@ -80,7 +81,7 @@ container_path = "/opt/cola"
     assert [e.message for e in jsonschema.Draft7Validator(_schema()).iter_errors(spec)] == []  # the published schema
     assert spec["cdiVersion"] == cdi.required_version(spec)
     features = root / "features.d" / "colad"
-    labels = nfd.parse(features.read_bytes())
+    labels = nfd_labels(features.read_bytes())
     assert labels == {"myway5.com-cola.present": "true", "myway5.com-cola.devices": "2", "myway5.com-cola.healthy": "1"}
 
     seen = _seen(_run(root, spec_dir, "cola0", SEE))
@@ -101,7 +102,7 @@ container_path = "/opt/cola"
     seen = _seen(_run(root, spec_dir, "cola0", SEE))
     assert seen["mode"] == "slow" and seen["write-mount"] == "ok", seen
     (host / "absent").mkdir()
-    wait_until(lambda: nfd.parse(features.read_bytes())["myway5.com-cola.healthy"] == "2", 30, "healthy=2")
+    wait_until(lambda: nfd_labels(features.read_bytes())["myway5.com-cola.healthy"] == "2", 30, "healthy=2")
 
     # Graceful stop: discovery takes the spec away, and podman no longer resolves the name.
     assert colad.stop() == 0

@@ -19,10 +19,11 @@ from google.protobuf.message import DecodeError
 from colad import allocation, device_wire, devicefile, inuse, messages, podresources, rpc, snapshots
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
+from colad.broadcast import DeviceBroadcast
 from colad.devices import Device, DeviceSet
 from colad.errors import AllocationError, MessageError
 from colad.metrics import Metrics
-from colad.service import DEVICE_PLUGIN_SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents
+from colad.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents
 from tests.fuzz import wire
 
 DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])
@@ -175,7 +176,7 @@ def podresources_target(data: bytes) -> None:
     if isinstance(answer, rpc.Undecodable):
         return
     served = {"example.com/cola", wire.VALID_ID}
-    kept, skipped = podresources._assignments(answer, served)
+    kept, skipped = podresources.assignments_of(answer, served)
     view = inuse.holders(kept, served)
     body = inuse.state(view, available=True, reason="", updated=0.0)
     assert inuse.parse_rows(body["holders"]) == body["holders"]

@@ -17,9 +17,10 @@ from typing import TypeVar
 
 from colad.config import Config
 from colad.discovery import Discovery
+from colad.framing import Peer
 from colad.kubelet_watch import KubeletWatch
 from colad.messages import Message
-from colad.queue import Peer, QueueServer
+from colad.queue import QueueServer
 from colad.watch import SignalWaker
 
 M = TypeVar("M")

@@ -31,7 +31,7 @@ def _listener(path: Path) -> socket.socket:
 
 def _run(target: int, pidfile: Path, sock: Path) -> tuple[threading.Thread, list[int]]:
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(supervise._wake(target, str(pidfile), str(sock))))
+    thread = threading.Thread(target=lambda: result.append(supervise.wait_and_wake(target, str(pidfile), str(sock))))
     thread.start()
     return thread, result
 

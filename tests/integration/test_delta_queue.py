@@ -20,7 +20,8 @@ from colad.config import Config
 from colad.devices import Device, DeviceSet
 from colad.discovery import Discovery
 from colad.messages import DeviceDelta, DeviceSnapshot
-from colad.queue import QueueClient, QueueServer
+from colad.queue import QueueServer
+from colad.queue_client import QueueClient
 from colad.snapshots import Held, Outcome, Receiver
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, discovery_config

@@ -17,6 +17,7 @@ import pytest
 from colad import dirpath, watch
 from colad.config import Resource, load
 from colad.config_checks import alias_problems
+from colad.inotify import Inotify
 from colad.resource_scan import ResourceWatch
 from tests.helpers import wait_until
 
@@ -60,8 +61,8 @@ def root(short_tmp: Path) -> Path:
 
 
 @pytest.fixture
-def inotify() -> Iterator[watch.Inotify]:
-    made = watch.Inotify()
+def inotify() -> Iterator[Inotify]:
+    made = Inotify()
     yield made
     made.close()
 
@@ -70,7 +71,7 @@ def configured(root: Path, spelled: str) -> str:
     return f"{root}/{spelled}"  # "//" and trailing "/" kept as written
 
 
-def event_on(inotify: watch.Inotify, wd: int | None, name: str) -> bool:
+def event_on(inotify: Inotify, wd: int | None, name: str) -> bool:
     """Does an event on watch `wd` name `name` within a few seconds?"""
     seen: set[str] = set()
 
@@ -84,7 +85,7 @@ def event_on(inotify: watch.Inotify, wd: int | None, name: str) -> bool:
 
 @pytest.mark.parametrize(("spelled", "target"), [s[1:] for s in SHAPES], ids=[s[0] for s in SHAPES])
 def test_watch_list_alias_and_state_agree_with_the_kernel(
-    root: Path, inotify: watch.Inotify, spelled: str, target: str
+    root: Path, inotify: Inotify, spelled: str, target: str
 ) -> None:
     path, real = configured(root, spelled), str(root / target)
     with open(os.path.join(path, "before"), "w"):  # through the configured path: where the kernel goes
@@ -104,7 +105,7 @@ def test_watch_list_alias_and_state_agree_with_the_kernel(
     assert dirpath.resolve(path) == real  # what the plugin writes as the state file's device_dir
 
 
-def test_a_symlink_loop_is_unusable_for_the_watch_and_the_list_alike(root: Path, inotify: watch.Inotify) -> None:
+def test_a_symlink_loop_is_unusable_for_the_watch_and_the_list_alike(root: Path, inotify: Inotify) -> None:
     rw = ResourceWatch(inotify, Resource(RESOURCE, str(root / "loop")))
     rw.dir.ensure()
     assert not rw.dir.present and rw.dir.wd is None
@@ -113,7 +114,7 @@ def test_a_symlink_loop_is_unusable_for_the_watch_and_the_list_alike(root: Path,
     assert scanned.unusable is not None and "ELOOP" in scanned.unusable
 
 
-def test_a_dangling_link_is_followed_once_its_target_is_made(root: Path, inotify: watch.Inotify) -> None:
+def test_a_dangling_link_is_followed_once_its_target_is_made(root: Path, inotify: Inotify) -> None:
     rw = ResourceWatch(inotify, Resource(RESOURCE, str(root / "dangling")))
     rw.dir.ensure()
     assert not rw.dir.present and not rw.scan(None).present
@@ -125,7 +126,7 @@ def test_a_dangling_link_is_followed_once_its_target_is_made(root: Path, inotify
     assert list(rw.scan(None).devices.ids) == ["dev0"]
 
 
-def test_a_link_repointed_on_the_way_moves_the_watch_and_the_list(root: Path, inotify: watch.Inotify) -> None:
+def test_a_link_repointed_on_the_way_moves_the_watch_and_the_list(root: Path, inotify: Inotify) -> None:
     (root / "c" / "dev2").mkdir(parents=True)
     (root / "c" / "dev2" / "elsewhere").write_text("")
     (root / "c" / "dev").mkdir()
@@ -143,7 +144,7 @@ def test_a_link_repointed_on_the_way_moves_the_watch_and_the_list(root: Path, in
     assert event_on(inotify, rw.dir.wd, "new")
 
 
-def test_a_repointed_last_link_is_an_event_on_its_name(root: Path, inotify: watch.Inotify) -> None:
+def test_a_repointed_last_link_is_an_event_on_its_name(root: Path, inotify: Inotify) -> None:
     dw = watch.DirWatch(inotify, str(root / "a" / "link2"), watch.DIR_CHANGE_EVENTS)
     dw.ensure()
     tmp = root / "a" / "link2.new"

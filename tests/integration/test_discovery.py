@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from colad.config import Config
-from colad.discovery import Discovery, list_regular_files
+from colad.devicedir import list_regular_files
+from colad.discovery import Discovery
 from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, Stats, encode
-from colad.queue import QueueClient
+from colad.queue_client import QueueClient
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, bind_socket, make_config
 

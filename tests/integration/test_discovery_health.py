@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import device_wire, devicefile, hostpaths, nfd
+from colad import device_wire, devicefile, hostpaths
 from colad.config import Config
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceSet
@@ -29,6 +29,7 @@ from colad.discovery import Discovery
 from colad.messages import DeviceSnapshot
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
+from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.integration
 
@@ -229,7 +230,7 @@ def test_the_cdi_spec_and_the_feature_file_follow_every_change(
     edits = {dev["name"]: dev["containerEdits"] for dev in spec["devices"]}
     assert "MODE=fast" in edits["dev-0::0"]["env"]
     wait_until(features.exists, 10, "the feature file (written at the end of the turn, after the spec)")
-    labels = nfd.parse(features.read_bytes())
+    labels = nfd_labels(features.read_bytes())
     assert labels["example.com-cola.devices"] == "2" and labels["example.com-cola.healthy"] == "1", labels
     (d / "dev-2").write_text("")
     (d / "dev-0").write_text('[envs]\nMODE = "slow"\n')
@@ -240,7 +241,7 @@ def test_the_cdi_spec_and_the_feature_file_follow_every_change(
 
     wait_until(lambda: "MODE=slow" in first_env(), 10, "MODE=slow in the spec")
     (short_tmp / "absent").mkdir()
-    wait_until(lambda: nfd.parse(features.read_bytes())["example.com-cola.healthy"] == "3", 10, "healthy=3")
+    wait_until(lambda: nfd_labels(features.read_bytes())["example.com-cola.healthy"] == "3", 10, "healthy=3")
     assert "# +expiry-time=" in features.read_text()
     assert not [n for n in os.listdir(spec_path.parent) if n != spec_path.name]  # no temporary left behind
 
@@ -274,7 +275,7 @@ def test_a_reload_moves_the_spec_and_the_feature_file(
     wait_until(lambda: (short_tmp / "nfd2" / "colad").exists(), 10, "the feature file at its new path")
     assert not old_spec.exists() and not old_features.exists()
     wait_health(inbox, {"dev-0": HEALTHY})  # host paths are no longer checked
-    labels = nfd.parse((short_tmp / "nfd2" / "colad").read_bytes())
+    labels = nfd_labels((short_tmp / "nfd2" / "colad").read_bytes())
     want = {"present": "true", "devices": "1", "healthy": "1"}
     assert labels == {f"example.com/cola.{k}": v for k, v in want.items()}
 

@@ -212,11 +212,11 @@ def test_bad_names_are_skipped_warned_and_counted_once(
 # Run as root without the two capabilities that let root read any directory: a real EACCES.
 _EACCES_SCAN = """
 import sys
-from colad import watch
 from colad.config import Resource
 from colad.devices import Device, DeviceSet
-from colad.discovery import ResourceWatch
-rw = ResourceWatch(watch.Inotify(), Resource("myway5.com/cola", sys.argv[1]))
+from colad.inotify import Inotify
+from colad.resource_scan import ResourceWatch
+rw = ResourceWatch(Inotify(), Resource("myway5.com/cola", sys.argv[1]))
 rw.current = DeviceSet.of([Device("cola1")])
 out = rw.scan(None)
 print(out.unusable, [(d.device_id, d.health, d.problem) for d in out.devices])

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import device_wire, messages, watch
+from colad import device_wire, messages
 from colad.config import Config
 from colad.constants import UNHEALTHY
-from colad.discovery import Discovery, ResourceWatch, fit_the_queue
+from colad.discovery import Discovery
+from colad.inotify import Inotify
+from colad.resource_scan import ResourceWatch
+from colad.snapshots import fit_the_queue
 from tests.helpers import wait_until
 from tests.integration.support import discovery_config
 
@@ -38,7 +41,7 @@ def cfg(short_tmp: Path) -> Config:
     return discovery_config(short_tmp)
 
 
-def _reference(cfg: Config, inotify: watch.Inotify) -> tuple[object, dict[str, str]]:
+def _reference(cfg: Config, inotify: Inotify) -> tuple[object, dict[str, str]]:
     """What a fresh full scan finds (the watch is never added: scan() only lists and reads)."""
     scanned = ResourceWatch(inotify, cfg.resources[0]).scan(None)
     return scanned.devices, scanned.problems
@@ -70,7 +73,7 @@ def test_named_rescans_end_where_a_full_listing_ends(cfg: Config, seed: int) -> 
     root = Path(cfg.device_dir)
     for i in range(20):
         (root / f"dev{i}").write_text(rng.choice(CONTENTS))
-    discovery, inotify = Discovery(cfg), watch.Inotify()
+    discovery, inotify = Discovery(cfg), Inotify()
     listings = 0
     try:
         rw = discovery.watches[cfg.resources[0].name]

@@ -26,6 +26,8 @@ from colad.trust import UNTRUSTED
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
 
+pytestmark = pytest.mark.integration
+
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")]
 NOBODY = 65534
 
@@ -79,7 +81,7 @@ def lines(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
 def test_an_untrusted_device_file_gives_nothing_and_its_probe_never_runs(
     root: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="colad.discovery")
+    caplog.set_level(logging.INFO, logger="colad")
     cfg = make_config(root, probe_interval=0.2)
     device_file(root, "good")
     evil = device_file(root, "evil", NOBODY)
@@ -145,7 +147,7 @@ def writable(mode: int) -> str:
 def test_a_device_directory_others_can_write_is_refused_until_fixed(
     root: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="colad.discovery")
+    caplog.set_level(logging.INFO, logger="colad")
     cfg = make_config(root)
     devices = root / "devices"
     device_file(root, "cola1")
@@ -179,7 +181,7 @@ def test_a_device_directory_others_can_write_is_refused_until_fixed(
 def test_trusted_owners_make_a_delegated_directory_and_its_files_trusted(
     root: Path, serve: Serve, runners: Callable[[Discovery], RoleRunner], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="colad.discovery")
+    caplog.set_level(logging.INFO, logger="colad")
     os.chown(root / "devices", NOBODY, -1)
     device_file(root, "cola", NOBODY)
     discovery, inbox = start(make_config(root, trusted_owners=(str(NOBODY),)), serve, runners)

@@ -19,9 +19,9 @@ import pytest
 
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot, KubeletState
 from colad.plugin import Plugin
-from colad.queue import Peer
 from colad.registration import REGISTER_BACKOFF_MAX
 from colad.service import DevicePluginServicer, RegisterCall, build_server
 from tests.fakes.kubelet import FakeKubelet
@@ -85,10 +85,10 @@ class Running:
 
     def send(self, *ids: str) -> None:
         devices = DeviceSet.of([Device(i) for i in ids])
-        self.plugin._on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
 
     def watcher_reports(self) -> None:
-        self.plugin._on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
 
     def registered(self) -> bool:
         state = self.plugin.published.state.resources[0]

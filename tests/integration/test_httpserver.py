@@ -26,6 +26,8 @@ from colad.httpserver import MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_REQUEST_BYTES,
 from colad.metrics import Metrics
 from tests.helpers import http_get, wait_until
 
+pytestmark = pytest.mark.integration
+
 
 class Served:
     def __init__(self, server: MetricsServer, metrics: Metrics) -> None:

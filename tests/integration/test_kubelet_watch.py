@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from colad.config import Config
-from colad.kubelet_watch import KubeletWatch, plugin_sockets, socket_identity
+from colad.kubelet_watch import KubeletWatch
+from colad.kubeletdir import plugin_sockets, socket_identity
 from colad.messages import KubeletState
 from colad.watch import poll
 from tests.helpers import wait_until

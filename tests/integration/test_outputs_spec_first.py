@@ -22,10 +22,12 @@ from colad import cdi, namemap
 from colad.config import Config
 from colad.devices import Device
 from colad.discovery import Discovery
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot, Message
-from colad.queue import Peer, QueueServer
+from colad.queue import QueueServer
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, begin, make_config
+from tests.oracles import spec_entry
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +67,7 @@ class SpecAtArrival:
         return [d for snapshot, _, _ in seen[i:] for d in snapshot.devices if d.device_id == device_id]
 
     def check(self) -> int:
-        """Every device of every snapshot was in the spec, as cdi.build has it, when it arrived."""
+        """Every device of every snapshot was in the spec, as the spec oracle has it, when it arrived."""
         with self.lock:
             seen = list(self.seen)
         for i, (snapshot, entries, listed) in enumerate(seen):
@@ -73,7 +75,7 @@ class SpecAtArrival:
                 assert device.device_id in listed.names, (snapshot.seq, device.device_id, listed)
                 # Never behind: the entry is this snapshot's device, or (discovery already wrote the
                 # next change while this one was on its way) the same device in a later snapshot.
-                allowed = [cdi._entry(d) for d in self._same_device_from(seen, i, device.device_id)]
+                allowed = [spec_entry(d) for d in self._same_device_from(seen, i, device.device_id)]
                 assert entries[device.device_id] in allowed, (snapshot.seq, device.device_id)
         return len(seen)
 

@@ -17,9 +17,9 @@ import pytest
 
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot, KubeletState
 from colad.plugin import Plugin
-from colad.queue import Peer
 from colad.service import DevicePluginServicer, build_server
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
@@ -57,11 +57,11 @@ class Running:
 
     def send(self, *ids: str, seq: int = 1) -> None:
         devices = DeviceSet.of([Device(i) for i in ids])
-        self.plugin._on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(DeviceSnapshot(1, seq, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
 
     def watcher_reports(self) -> None:
         """What kubelet-watch sends when kubelet.sock changes; the plugin checks it by stat() itself."""
-        self.plugin._on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
 
     def held(self) -> dict[str, str] | None:
         return self.kubelet.devices(RESOURCE)

@@ -17,9 +17,9 @@ import pytest
 
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot
 from colad.plugin import Plugin
-from colad.queue import Peer
 from colad.service import build_server
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, wait_until
@@ -74,7 +74,7 @@ def test_observers_wait_for_the_first_register_and_count_what_came_before(starte
     assert plugin.published.state.resources[0].state == "starting"
 
     devices = DeviceSet.of([Device("cola1"), Device("cola2")])
-    plugin._on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
+    plugin.on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
     # Published (the state file follows it on the clock, which stands still here).
     address = wait_until(lambda: plugin.published.state.metrics_address, DEADLINE, "the metrics address published")
     assert plugin.metrics.bound and plugin.inuse is not None

@@ -19,6 +19,8 @@ from colad.probes import Probe, ProbeRunner, Verdict
 from colad.trust import ROOT_ONLY, UNTRUSTED, trusted_uids
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.integration
+
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")]
 NOBODY = 65534
 

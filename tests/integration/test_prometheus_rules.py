@@ -1,11 +1,15 @@
-"""The shipped Prometheus configuration: rules checked and unit-tested by promtool itself."""
+"""The shipped Prometheus configuration and Grafana dashboard: rules and expressions checked by promtool itself."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_grafana import dashboard, expressions, in_venv, substitute
 
 pytestmark = pytest.mark.integration
 CONF = Path(__file__).resolve().parents[2] / "conf" / "prometheus"
@@ -29,3 +33,16 @@ def test_alerting_rules_pass_their_unit_tests() -> None:
 def test_scrape_config_example_is_valid() -> None:
     result = promtool("check", "config", "scrape.yml")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None and not in_venv(), reason="promtool is not installed")
+def test_every_expression_parses_with_promtool(tmp_path: Path) -> None:
+    """promtool is installed by `make setup` (Debian's prometheus); the .deb build may lack it."""
+    assert shutil.which("promtool"), "promtool missing: run `make setup`"
+    exprs = expressions(dashboard())
+    rules = [{"record": f"colad:dashboard_check:{n}", "expr": substitute(expr)} for n, (_, expr) in enumerate(exprs)]
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))  # JSON is YAML
+    check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{len(rules)} rules found" in check.stdout, check.stdout

@@ -21,8 +21,9 @@ import pytest
 
 from colad import messages
 from colad.errors import InstanceError
+from colad.framing import frame
 from colad.metrics import Metrics
-from colad.queue import MAX_PEERS, QueueServer, frame
+from colad.queue import MAX_PEERS, QueueServer
 from colad.queue_client import QueueClient
 from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path
 from tests.helpers import wait_until

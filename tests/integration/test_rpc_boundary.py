@@ -20,11 +20,13 @@ import pytest
 from colad import rpc
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
+from colad.broadcast import DeviceBroadcast
 from colad.config import Config
-from colad.devices import UNHEALTHY, Device, DeviceSet
+from colad.constants import UNHEALTHY
+from colad.devices import Device, DeviceSet
 from colad.metrics import Metrics
 from colad.podresources import LIST, InUseWatcher
-from colad.service import DEVICE_PLUGIN_SERVICE, DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
 from tests.fuzz import wire
 from tests.helpers import wait_until
@@ -329,7 +331,7 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
         allocatable = prpb.AllocatableResourcesResponse.DESCRIPTOR
         for label, data in wire.cases(allocatable, plain={"resource_name": COLA.encode()}):
             kubelet.allocatable = data
-            watcher._close()  # a fresh connection asks again
+            watcher.stop()  # closes the connection: the next poll dials afresh and asks again
             watcher.poll()
             assert watcher.available, label
         kubelet.fail = grpc.StatusCode.INTERNAL

@@ -18,9 +18,9 @@ import pytest
 from colad import statefile
 from colad.devices import Device, DeviceSet
 from colad.endpoint import Servers
+from colad.framing import Peer
 from colad.messages import DeviceSnapshot
 from colad.plugin import STATE_FILE_INTERVAL, Plugin
-from colad.queue import Peer
 from colad.service import build_server
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
@@ -66,7 +66,7 @@ class Shell:
     def send(self, *ids: str) -> None:
         self.seq += 1
         snapshot = DeviceSnapshot(1, self.seq, DeviceSet.of([Device(i) for i in ids]), True, RESOURCE)
-        self.plugin._on_message(snapshot, Peer(os.getpid(), 0, 0))
+        self.plugin.on_message(snapshot, Peer(os.getpid(), 0, 0))
 
     def wait_held(self, ids: list[str]) -> None:
         wanted = dict.fromkeys(ids, "Healthy")

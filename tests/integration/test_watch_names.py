@@ -1,4 +1,4 @@
-"""watch.Inotify with real inotify on real files whose names are any bytes a filesystem allows.
+"""Inotify with real inotify on real files whose names are any bytes a filesystem allows.
 
 pyinotify 0.9.6 decoded event names strictly, so one non-UTF-8 name raised out of
 its read and cost every other event of that read (PLATFORM-NOTES section 9). These
@@ -21,9 +21,10 @@ from pathlib import Path
 import pyinotify
 import pytest
 
-from colad.kubelet_watch import plugin_sockets
+from colad.inotify import Event, Inotify
+from colad.kubeletdir import plugin_sockets
 from colad.messages import MAX_MESSAGE_BYTES, KubeletState, encode
-from colad.watch import Event, Inotify, poll
+from colad.watch import poll
 
 pytestmark = pytest.mark.integration
 

@@ -21,6 +21,7 @@ import pytest
 from colad import cdi, device_rules, namemap
 from colad.devicefile import parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, device_problem, replicate
+from tests.oracles import Spec, cdi_spec, spec_bytes
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def _errors(validator: Any, document: object) -> list[str]:
     return [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(document)]
 
 
-def _check(validator: Any, spec: cdi.Spec) -> None:
+def _check(validator: Any, spec: Spec) -> None:
     """Everything a runtime checks on load, beyond the schema (pkg/cdi spec.go, device.go)."""
     document = json.loads(spec.encode())
     assert _errors(validator, document) == []
@@ -151,7 +152,7 @@ FULL = Device(
 
 
 def test_full_device_edits() -> None:
-    spec = cdi.build(RESOURCE, DeviceSet.of([FULL]))
+    spec = cdi_spec(RESOURCE, DeviceSet.of([FULL]))
     assert spec is not None
     assert spec.kind == RESOURCE and spec.version == "0.5.0"  # the renamed node needs hostPath
     assert spec.document["devices"] == [
@@ -182,13 +183,13 @@ def test_full_device_edits() -> None:
     ],
 )
 def test_lowest_version(validator: Any, devices: list[Device], version: str) -> None:
-    spec = cdi.build(RESOURCE, DeviceSet.of(devices))
+    spec = cdi_spec(RESOURCE, DeviceSet.of(devices))
     assert spec is not None and spec.version == version
     _check(validator, spec)
 
 
 def test_replicas_are_devices_with_the_physical_edits(validator: Any) -> None:
-    spec = cdi.build(RESOURCE, replicate(DeviceSet.of([FULL, Device("cola2")]), 3))
+    spec = cdi_spec(RESOURCE, replicate(DeviceSet.of([FULL, Device("cola2")]), 3))
     assert spec is not None
     _check(validator, spec)
     by_name = {d["name"]: d["containerEdits"] for d in spec.document["devices"]}
@@ -202,7 +203,7 @@ def test_unhealthy_and_malformed_devices_stay_resolvable(validator: Any) -> None
     declared = Device("down", "Unhealthy", mounts=(Mount("/opt/x", "/opt/x"),))
     malformed = parse("broken", b"colour = 1")
     assert malformed.problem
-    spec = cdi.build(RESOURCE, DeviceSet.of([declared, malformed]))
+    spec = cdi_spec(RESOURCE, DeviceSet.of([declared, malformed]))
     assert spec is not None
     _check(validator, spec)
     edits = {d["name"]: d["containerEdits"] for d in spec.document["devices"]}
@@ -212,12 +213,12 @@ def test_unhealthy_and_malformed_devices_stay_resolvable(validator: Any) -> None
 
 @pytest.mark.parametrize("device_id", ["a_", "cola-", "cola."])
 def test_ids_that_are_not_cdi_names_are_skipped_with_a_reason(validator: Any, device_id: str) -> None:
-    spec = cdi.build(RESOURCE, DeviceSet.of([Device(device_id), Device("ok")]))
+    spec = cdi_spec(RESOURCE, DeviceSet.of([Device(device_id), Device("ok")]))
     assert spec is not None
     _check(validator, spec)
     assert [d["name"] for d in spec.document["devices"]] == ["ok"]
     assert [(s.name, bool(s.reason)) for s in spec.skipped] == [(device_id, True)]
-    assert cdi.build(RESOURCE, DeviceSet.of([Device(device_id)])) is None  # no devices: no spec
+    assert cdi_spec(RESOURCE, DeviceSet.of([Device(device_id)])) is None  # no devices: no spec
 
 
 @pytest.mark.parametrize(
@@ -234,16 +235,16 @@ def test_ids_that_are_not_cdi_names_are_skipped_with_a_reason(validator: Any, de
 )
 def test_kind_problem(resource: str, problem: bool) -> None:
     assert (namemap.cdi_kind_problem(resource) is not None) is problem
-    assert (cdi.build(resource, DeviceSet.of([Device("a")])) is None) is problem
+    assert (cdi_spec(resource, DeviceSet.of([Device("a")])) is None) is problem
 
 
 def test_empty_set_has_no_spec() -> None:
-    assert cdi.build(RESOURCE, DeviceSet()) is None
+    assert cdi_spec(RESOURCE, DeviceSet()) is None
 
 
 def test_encoding_is_canonical() -> None:
-    a = cdi.build(RESOURCE, DeviceSet.of([FULL, Device("b")]))
-    b = cdi.build(RESOURCE, DeviceSet.of([Device("b"), FULL]))
+    a = cdi_spec(RESOURCE, DeviceSet.of([FULL, Device("b")]))
+    b = cdi_spec(RESOURCE, DeviceSet.of([Device("b"), FULL]))
     assert a is not None and b is not None and a.encode() == b.encode()
 
 
@@ -276,7 +277,7 @@ def test_random_device_sets_validate(validator: Any) -> None:
         devices = [_random_device(rng, i) for i in sorted(ids)]
         devices = [d for d in devices if device_problem(d) is None]
         device_set = replicate(DeviceSet.of(devices), rng.choice([1, 1, 2, 3]))
-        spec = cdi.build(RESOURCE, device_set)
+        spec = cdi_spec(RESOURCE, device_set)
         carried = [d.device_id for d in device_set if device_rules.cdi_device_name_problem(d.device_id) is None]
         if spec is None:
             assert carried == []
@@ -309,7 +310,7 @@ def test_every_devices_md_example_gives_a_valid_spec(validator: Any) -> None:
     for n, text in enumerate(examples):
         device = parse(f"cola{n}", text.encode())
         assert device.problem == "", text
-        spec = cdi.build(RESOURCE, DeviceSet.of([device]))
+        spec = cdi_spec(RESOURCE, DeviceSet.of([device]))
         assert spec is not None
         _check(validator, spec)
 
@@ -320,19 +321,21 @@ def test_every_devices_md_example_gives_a_valid_spec(validator: Any) -> None:
 def test_writer_writes_atomically_once_and_removes(tmp_path: Path) -> None:
     spec_dir = tmp_path / "cdi"
     writer = cdi.SpecWriter(str(spec_dir))
-    spec = cdi.build(RESOURCE, DeviceSet.of([FULL]))
-    assert writer.write(RESOURCE, spec) is True
+    spec = cdi_spec(RESOURCE, DeviceSet.of([FULL]))
+    assert writer.write_bytes(RESOURCE, spec_bytes(spec)) is True
     path = spec_dir / "colad-myway5.com-cola.json"
     assert spec is not None and path.read_bytes() == spec.encode()
     assert oct(path.stat().st_mode & 0o777) == "0o644"
     inode = path.stat().st_ino
-    assert writer.write(RESOURCE, spec) is False and path.stat().st_ino == inode  # unchanged: untouched
-    changed = cdi.build(RESOURCE, DeviceSet.of([FULL, Device("cola2")]))
-    assert writer.write(RESOURCE, changed) is True and path.stat().st_ino != inode  # renamed over
+    # unchanged: untouched
+    assert writer.write_bytes(RESOURCE, spec_bytes(spec)) is False and path.stat().st_ino == inode
+    changed = cdi_spec(RESOURCE, DeviceSet.of([FULL, Device("cola2")]))
+    assert writer.write_bytes(RESOURCE, spec_bytes(changed)) is True and path.stat().st_ino != inode  # renamed over
     assert sorted(os.listdir(spec_dir)) == [path.name]  # no temporary left, and none named *.json
     path.unlink()
-    assert writer.write(RESOURCE, changed) is True and path.exists()  # deleted behind its back: rewritten
-    assert writer.write(RESOURCE, None) is True and not path.exists()
+    # deleted behind its back: rewritten
+    assert writer.write_bytes(RESOURCE, spec_bytes(changed)) is True and path.exists()
+    assert writer.write_bytes(RESOURCE, None) is True and not path.exists()
     assert writer.remove(RESOURCE) is False
 
 
@@ -341,7 +344,7 @@ def test_writer_leaves_no_temporary_when_the_rename_fails(tmp_path: Path) -> Non
     writer = cdi.SpecWriter(str(spec_dir))
     (spec_dir / "colad-myway5.com-cola.json").mkdir(parents=True)  # a directory in the way: rename fails
     with pytest.raises(OSError):
-        writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([Device("a")])))
+        writer.write_bytes(RESOURCE, spec_bytes(cdi_spec(RESOURCE, DeviceSet.of([Device("a")]))))
     assert os.listdir(spec_dir) == ["colad-myway5.com-cola.json"]
 
 
@@ -350,16 +353,17 @@ def test_writer_leaves_no_temporary_when_the_rename_fails(tmp_path: Path) -> Non
 
 def test_reader_lists_what_the_writer_wrote(tmp_path: Path) -> None:
     writer, reader = cdi.SpecWriter(str(tmp_path)), cdi.SpecReader()
-    writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([FULL, Device("cola2-")])))
+    writer.write_bytes(RESOURCE, spec_bytes(cdi_spec(RESOURCE, DeviceSet.of([FULL, Device("cola2-")]))))
     listed = reader.read(str(tmp_path), RESOURCE)
     assert listed == cdi.Listed(frozenset({"cola1"}))  # "cola2-" ends in no CDI name character: not in the spec
-    writer.write(RESOURCE, cdi.build(RESOURCE, replicate(DeviceSet.of([FULL]), 2)))  # renamed over: a new inode
+    # renamed over: a new inode
+    writer.write_bytes(RESOURCE, spec_bytes(cdi_spec(RESOURCE, replicate(DeviceSet.of([FULL]), 2))))
     assert reader.read(str(tmp_path), RESOURCE).names == {"cola1::0", "cola1::1"} and reader.reads == 2
 
 
 def test_reader_reads_a_file_again_only_when_it_changed(tmp_path: Path) -> None:
     writer, reader = cdi.SpecWriter(str(tmp_path)), cdi.SpecReader()
-    writer.write(RESOURCE, cdi.build(RESOURCE, DeviceSet.of([Device("cola1")])))
+    writer.write_bytes(RESOURCE, spec_bytes(cdi_spec(RESOURCE, DeviceSet.of([Device("cola1")]))))
     for _ in range(5):
         assert reader.read(str(tmp_path), RESOURCE).names == {"cola1"}
     assert reader.reads == 1  # the stat matched: cache hits

@@ -16,6 +16,7 @@ import pytest
 
 from colad import cdi
 from colad.devices import Device, DeviceNode, DeviceSet, replicate
+from tests.oracles import cdi_spec
 
 pytestmark = pytest.mark.unit
 RESOURCE = "example.com/cola"
@@ -52,7 +53,7 @@ def test_the_version_follows_every_name_whatever_sorts_first(ids: tuple[str, ...
     for replicas, with_node in itertools.product((1, 2), (False, True)):
         devices = [Device(i, device_nodes=node if with_node and i == ids[-1] else ()) for i in ids]
         physical = DeviceSet.of(devices)
-        full = cdi.build(RESOURCE, replicate(physical, replicas))
+        full = cdi_spec(RESOURCE, replicate(physical, replicas))
         assert cdi.encode(RESOURCE, physical, replicas) == (None if full is None else full.encode())
 
 
@@ -61,6 +62,6 @@ def test_the_parts_kept_per_resource_name_give_builds_bytes_every_time(resource:
     """encode() keeps each resource name's version and JSON (a second call is a cache hit): still build()'s bytes."""
     for ids in (("a", "b"), ("0a", "b"), ("b",)):
         physical = DeviceSet.of(Device(i) for i in ids)
-        full = cdi.build(resource, physical)
+        full = cdi_spec(resource, physical)
         for _ in range(2):
             assert cdi.encode(resource, physical) == (None if full is None else full.encode())

@@ -25,8 +25,9 @@ from colad import config, constants, supervise
 from colad.config import Config, load
 from colad.config_input import MAX_CONFIG_FILE_BYTES
 from colad.errors import ConfigError
-from colad.httpserver import parse_address
 from colad.list_size import device_entry_max_bytes, max_devices_in_list
+from colad.metrics import parse_address
+from colad.names import resource_name_problem
 
 pytestmark = pytest.mark.unit
 
@@ -113,7 +114,7 @@ def unusable(cfg: Config) -> list[str]:
             found.append(f"supervisord.conf: {exc!r}")
     resources = cfg.resources
     for resource in resources:
-        if config.resource_name_problem(resource.name):
+        if resource_name_problem(resource.name):
             found.append(f"resource {resource.name!r}")
         if max_devices_in_list(resource.replicas) < 1:
             found.append(f"replicas {resource.replicas}")

@@ -22,7 +22,8 @@ from colad.constants import HEALTHY, UNHEALTHY
 from colad.device_wire import set_digest
 from colad.devices import Device, DeviceSet
 from colad.messages import DeviceDelta, DeviceSnapshot, decode, encode
-from colad.snapshots import Receiver, Verdict, apply_delta, apply_full, delta
+from colad.snapshots import Receiver, Verdict, apply_delta, apply_full
+from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +79,7 @@ class Sender:
         snapshot = DeviceSnapshot(self.epoch, self.seq, devices, present)
         found = None
         if self.published:
-            found, self.digest = delta(self.current, self.digest, snapshot, base)
+            found, self.digest = snapshot_delta(self.current, self.digest, snapshot, base)
         self.current, self.present, self.published = devices, present, True
         self.history[(self.epoch, self.seq)] = (devices, present)
         if found is not None and self.sent_at == base:
@@ -219,7 +220,7 @@ def test_deltas_survive_the_wire() -> None:
     receiver.apply(DeviceSnapshot(7, 1, old))
     for seq in range(2, 200):
         new = _change(rng, old)
-        found, digest = delta(old, digest, DeviceSnapshot(7, seq, new), seq - 1)
+        found, digest = snapshot_delta(old, digest, DeviceSnapshot(7, seq, new), seq - 1)
         message: Wire = found if found is not None else DeviceSnapshot(7, seq, new)
         assert decode(encode(message)) == message
         outcome = receiver.apply(decode(encode(message)))
@@ -294,7 +295,7 @@ def test_forget_source_lets_a_restarted_sender_with_an_earlier_clock_in() -> Non
 
 def test_a_big_change_is_sent_whole() -> None:
     new = DeviceSet.of([C])
-    found, digest = delta(AB, None, DeviceSnapshot(1, 6, new), 5)
+    found, digest = snapshot_delta(AB, None, DeviceSnapshot(1, 6, new), 5)
     assert found is None and digest == set_digest(new)
 
 
@@ -302,7 +303,7 @@ def test_a_big_change_is_sent_whole() -> None:
 def test_apply_keeps_the_set_sorted(count: int) -> None:
     old = DeviceSet.of(Device(f"d{i:04d}") for i in range(0, 1000, 2))
     new = DeviceSet.of([*old, *(Device(f"d{i:04d}") for i in range(1, 2 * count, 2))])
-    found, _ = delta(old, None, DeviceSnapshot(1, 2, new), 1)
+    found, _ = snapshot_delta(old, None, DeviceSnapshot(1, 2, new), 1)
     assert found is not None and len(found.upserts) == count
     held, _ = apply_full(None, DeviceSnapshot(1, 1, old), None)
     _, outcome = apply_delta(held, found, None)

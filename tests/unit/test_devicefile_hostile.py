@@ -15,9 +15,10 @@ import pytest
 
 from colad import device_wire, devicefile, messages
 from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
+from colad.devicedir import RACY_WINDOW_NS, racy
 from colad.devicefile import MAX_KEY_PARTS, deep_key, parse
 from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.discovery import RACY_WINDOW_NS, TOO_LARGE, fit_the_queue, racy
+from colad.snapshots import TOO_LARGE, fit_the_queue
 
 pytestmark = pytest.mark.unit
 
@@ -289,10 +290,10 @@ def test_racily_clean_rule(mtime: int, ctime: int, read: int, expected: bool) ->
 
 
 def test_a_racy_entry_is_not_trusted_and_settles_after_the_window() -> None:
-    from colad.discovery import _Cached
+    from colad.devicedir import Cached
 
-    fresh = _Cached.of((1, 4, 100 * S, 100 * S), Device("a"), read_ns=100 * S + 5)
+    fresh = Cached.of((1, 4, 100 * S, 100 * S), Device("a"), read_ns=100 * S + 5)
     assert not fresh.trusted and fresh.settles_ns == 100 * S + RACY_WINDOW_NS + 1
-    old = _Cached.of((1, 4, 90 * S, 90 * S), Device("a"), read_ns=100 * S)
+    old = Cached.of((1, 4, 90 * S, 90 * S), Device("a"), read_ns=100 * S)
     assert old.trusted and old.settles_ns is None
     assert devicefile.parse("a", b"") == Device("a")

@@ -1,4 +1,4 @@
-"""Unit tests for colad.devices: device-ID rules, build(), DeviceSet and diff()."""
+"""Unit tests for colad.devices: device-ID rules, the devices a listing makes, DeviceSet and diff()."""
 
 from __future__ import annotations
 
@@ -19,16 +19,15 @@ from colad.devices import (
     DeviceNode,
     DeviceSet,
     Mount,
-    ScanResult,
     SkippedName,
     base_id,
-    build,
     device_problem,
     diff,
     id_problem,
     replicate,
     request_id_problem,
 )
+from tests.oracles import ScanResult, scan_names
 
 pytestmark = pytest.mark.unit
 
@@ -128,7 +127,7 @@ BUILD_CASES = [
 
 @pytest.mark.parametrize("names, ids, skipped", BUILD_CASES)
 def test_build(names: list[str], ids: tuple[str, ...], skipped: tuple[tuple[str, str], ...]) -> None:
-    result = build(names)
+    result = scan_names(names)
     assert isinstance(result, ScanResult)
     assert result.devices.ids == ids
     assert all(d.health == HEALTHY for d in result.devices)
@@ -139,12 +138,12 @@ def test_build(names: list[str], ids: tuple[str, ...], skipped: tuple[tuple[str,
 
 
 def test_build_accepts_any_iterable() -> None:
-    assert build(iter(["b", "a"])).devices.ids == ("a", "b")
+    assert scan_names(iter(["b", "a"])).devices.ids == ("a", "b")
 
 
 def test_build_is_independent_of_listing_order() -> None:
     names = ["cola3", ".hidden", "cola1", "bad~", "cola2"]
-    results = {build(p) for p in itertools.permutations(names)}
+    results = {scan_names(p) for p in itertools.permutations(names)}
     assert len(results) == 1
 
 

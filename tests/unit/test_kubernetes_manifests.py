@@ -16,8 +16,6 @@ import importlib
 import json
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from colad import __version__
 from colad import config as config_mod
 from colad.errors import ConfigError
 from colad.metrics import parse_address
@@ -405,29 +402,6 @@ def test_dockerfile_installs_the_deb_on_bookworm_and_runs_colad_supervise() -> N
     assert not [i for i, _ in instructions if i in {"USER", "CMD"}], "root, and nothing after `supervise`"
     for command in runs.split("&&"):
         assert shlex.split(command), runs
-
-
-def test_kustomize_renders_objects_that_validate(docs: list[dict[str, Any]]) -> None:
-    """`kubectl kustomize packaging/kubernetes` (what `kubectl apply -k` applies) renders, and validates strictly."""
-    yaml = need("yaml")
-    kubernetes_validate = need("kubernetes_validate")
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        if sys.prefix != sys.base_prefix:
-            pytest.fail("kubectl is not installed (make deps installs Debian's kubernetes-client)")
-        pytest.skip("kubectl is not installed (the .deb build's environment)")
-    rendered = subprocess.run([kubectl, "kustomize", str(KUBE)], capture_output=True, text=True, timeout=60)
-    assert rendered.returncode == 0, rendered.stderr
-    objects = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    source = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] != "PodMonitor"}
-    assert {(d["kind"], d["metadata"]["name"]) for d in objects} == source
-    for obj in objects:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    (daemonset,) = [d for d in objects if d["kind"] == "DaemonSet"]
-    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
-    (image,) = kustomization["images"]
-    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == f"{image['newName']}:{image['newTag']}"
-    assert image["newTag"] == __version__, "make image tags localhost/colad:<version>"
 
 
 def test_task_and_file_limits_no_pod_field_sets_are_documented_and_supervisord_states_its_own() -> None:

@@ -15,9 +15,11 @@ import pytest
 
 from colad import device_list
 from colad.api import deviceplugin_pb2 as pb
+from colad.broadcast import DeviceBroadcast
 from colad.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
-from colad.service import DeviceBroadcast
+
+pytestmark = pytest.mark.unit
 
 SEEDS = range(40)
 

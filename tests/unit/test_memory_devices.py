@@ -18,6 +18,8 @@ import pytest
 from colad import cdi, device_list, devicedir, devices
 from colad.devices import Device
 
+pytestmark = pytest.mark.unit
+
 COUNT = 10_000
 
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from colad.inuse import InUse
 from colad.metrics import Metrics
 from colad.statefile import ListCut, PluginState, ResourceState
+
+pytestmark = pytest.mark.unit
 
 COLA = "example.com/cola"
 

@@ -21,6 +21,7 @@ from colad import cdi, devices, files, namemap, nfd
 from colad.config import MAPPINGS, OUTPUTS, Config, Output, load
 from colad.errors import ConfigError
 from colad.names import resource_name_problem
+from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.unit
 
@@ -129,7 +130,7 @@ def test_the_label_keys_are_those_nfd_publishes_from_the_feature_file(prefix: st
     rng = random.Random(7)
     for _ in range(300):
         name = random_name(rng)
-        published = nfd.parse(nfd.render([(name, devices.DeviceSet.of([]))], prefix))
+        published = nfd_labels(nfd.render([(name, devices.DeviceSet.of([]))], prefix))
         full = {k if "/" in k else f"{namemap.NFD_DEFAULT_PREFIX}/{k}" for k in published}
         assert full == set(namemap.nfd_label_keys(name, prefix)), name
 
@@ -187,7 +188,7 @@ def real_clash(cfg: Config, a: str, b: str, tmp: Path) -> bool:
             return True
     if cfg.nfd_features_file:
         empty = devices.DeviceSet.of([])
-        labels = nfd.parse(nfd.render([(a, empty), (b, empty)], cfg.nfd_label_prefix))
+        labels = nfd_labels(nfd.render([(a, empty), (b, empty)], cfg.nfd_label_prefix))
         if len(labels) < 2 * len(namemap.NFD_LABEL_SUFFIXES):
             return True
     return False

@@ -11,6 +11,7 @@ import pytest
 from colad import nfd
 from colad.constants import UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
+from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.unit
 RESOURCE = "myway5.com/cola"
@@ -28,7 +29,7 @@ def test_contents() -> None:
         "myway5.com-cola.devices=3\n"
         "myway5.com-cola.healthy=2\n"
     )
-    assert nfd.parse(data) == {
+    assert nfd_labels(data) == {
         "myway5.com-cola.present": "true",
         "myway5.com-cola.devices": "3",
         "myway5.com-cola.healthy": "2",
@@ -43,7 +44,7 @@ def test_replicas_count_physical_devices_and_one_unhealthy_replica_makes_its_dev
 
 
 def test_empty_resource_is_present_false_and_several_resources_are_sorted() -> None:
-    labels = nfd.parse(nfd.render([("z.example.com/x", DeviceSet()), (RESOURCE, SET)], prefix=""))
+    labels = nfd_labels(nfd.render([("z.example.com/x", DeviceSet()), (RESOURCE, SET)], prefix=""))
     assert labels["z.example.com-x.present"] == "false" and labels["z.example.com-x.healthy"] == "0"
     assert list(labels)[:3] == ["myway5.com-cola.present", "myway5.com-cola.devices", "myway5.com-cola.healthy"]
 
@@ -51,7 +52,7 @@ def test_empty_resource_is_present_false_and_several_resources_are_sorted() -> N
 def test_prefix_and_expiry() -> None:
     data = nfd.render([(RESOURCE, SET)], prefix="myway5.com", expires="2030-01-01T00:00:00Z")
     assert b"# +expiry-time=2030-01-01T00:00:00Z\n" in data
-    assert nfd.parse(data)["myway5.com/cola.healthy"] == "2"
+    assert nfd_labels(data)["myway5.com/cola.healthy"] == "2"
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_prefix_and_expiry() -> None:
 )
 def test_label_problem(resource: str, prefix: str, bad: bool) -> None:
     assert (nfd.label_problem(resource, prefix) is not None) is bad
-    labels = nfd.parse(nfd.render([(resource, SET)], prefix))
+    labels = nfd_labels(nfd.render([(resource, SET)], prefix))
     assert (labels == {}) is bad
     for key, value in labels.items():
         assert LABEL_KEY.match(key) and len(key.rpartition("/")[2]) <= 63 and LABEL_VALUE.match(value), key

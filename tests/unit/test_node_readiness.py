@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib
-import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -183,51 +180,3 @@ def test_the_recipe_agrees_with_itself_and_with_colads_daemonset() -> None:
     (port,) = [p["containerPort"] for p in colad["ports"] if p["name"] == "metrics"]
     assert env["CHECK_ENDPOINT"] == f"http://127.0.0.1:{port}/readyz"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-
-
-def test_the_component_renders_and_only_the_reporter_holds_a_token(tmp_path: Path) -> None:
-    yaml = need("yaml")
-    kubernetes_validate = need("kubernetes_validate")
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        if sys.prefix != sys.base_prefix:
-            pytest.fail("kubectl is not installed (make deps installs Debian's kubernetes-client)")
-        pytest.skip("kubectl is not installed (the .deb build's environment)")
-    (tmp_path / "kustomization.yaml").write_text(
-        f"resources:\n  - {os.path.relpath(KUBE, tmp_path)}\ncomponents:\n  - {os.path.relpath(NRR, tmp_path)}\n"
-    )
-    rendered = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert rendered.returncode == 0, rendered.stderr
-    objects = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    kinds = sorted(d["kind"] for d in objects)
-    assert kinds == sorted(
-        [
-            "ServiceAccount",
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "ConfigMap",
-            "DaemonSet",
-            "Service",
-            "NodeReadinessRule",
-        ]
-    )
-    for obj in objects:
-        if obj["kind"] != "NodeReadinessRule":
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    (ds,) = [d for d in objects if d["kind"] == "DaemonSet"]
-    pod = ds["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "colad-readiness-reporter" and pod["automountServiceAccountToken"] is False
-    by_name = {c["name"]: c for c in pod["containers"]}
-    assert sorted(by_name) == ["colad", "readiness-reporter"]
-    assert "reporter-token" not in {m["name"] for m in by_name["colad"].get("volumeMounts", [])}
-    assert "reporter-token" in {m["name"] for m in by_name["readiness-reporter"]["volumeMounts"]}
-    (binding,) = [d for d in objects if d["kind"] == "ClusterRoleBinding"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "colad-readiness-reporter", "namespace": "kube-system"}
-    ]
-    (role,) = [d for d in objects if d["kind"] == "ClusterRole"]
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
-    ]

@@ -1,7 +1,7 @@
 """The CDI spec and the NFD file built from kept parts equal the full build, byte for byte.
 
 cdi.encode() joins the entries kept on each Device (as discovery holds them from change to
-change) and must give exactly cdi.build(name, replicate(set, replicas)).encode(): random
+change) and must give exactly cdi_spec(name, replicate(set, replicas)).encode(): random
 sequences of adds, edits, health changes and removals over devices with envs, device nodes,
 mounts, digit-leading, escaped and non-CDI names, at 1 to 3 replicas. cdi.same_entry() says
 when a change leaves the spec alone; nfd.render() of Counts equals that of the set.
@@ -17,6 +17,9 @@ import pytest
 from colad import cdi, nfd
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceNode, DeviceSet, Mount, replicate
+from tests.oracles import cdi_spec
+
+pytestmark = pytest.mark.unit
 
 RESOURCE = "example.com/cola"
 NAMES = ["a", "b-1", "0dev", "9", "é-gpu", "x.y", "ends-", "ends_", 'q"uote', "back\\slash", "dev" + "7" * 40]
@@ -62,7 +65,7 @@ def test_encode_from_kept_entries_equals_the_full_build(seed: int) -> None:
         else:
             del held[rng.choice(sorted(held))]
         physical = DeviceSet.of(held.values())  # the same Device objects from change to change
-        full = cdi.build(RESOURCE, replicate(physical, replicas))
+        full = cdi_spec(RESOURCE, replicate(physical, replicas))
         assert cdi.encode(RESOURCE, physical, replicas) == (None if full is None else full.encode())
 
 

@@ -18,6 +18,8 @@ from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.messages import DeviceSnapshot
 
+pytestmark = pytest.mark.unit
+
 N = 10_000
 
 

@@ -16,6 +16,8 @@ import pytest
 from colad import statefile
 from colad.statefile import ListCut, PluginState, ReloadResult, ResourceState, StateFileError, StateFileMissing
 
+pytestmark = pytest.mark.unit
+
 COLA = ResourceState(
     name="example.com/cola",
     device_dir="/d/cola",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from colad.watchdog import BACKOFF_FIRST, RESTART_BACKOFF_MAX, STABLE_AFTER, Watchdog, _where
+from colad.watchdog import BACKOFF_FIRST, RESTART_BACKOFF_MAX, STABLE_AFTER, Watchdog, raised_at
 
 pytestmark = pytest.mark.unit
 ROLE = "colad:discovery"
@@ -74,6 +74,6 @@ def test_where_names_the_raising_line_without_a_traceback() -> None:
     try:
         {}["missing"]
     except KeyError as exc:
-        where = _where(exc)
+        where = raised_at(exc)
     assert where.startswith("test_watchdog.py:") and "\n" not in where
-    assert _where(ValueError("never raised")) == "-"
+    assert raised_at(ValueError("never raised")) == "-"

@@ -18,16 +18,12 @@ import pytest
 from colad import allocation, cdi, constants, log, namemap
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
+from colad.broadcast import DeviceBroadcast
+from colad.constants import UNHEALTHY
+from colad.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.metrics import Metrics
 from colad.names import CDI_MODES
-from colad.service import (
-    DeviceBroadcast,
-    DevicePluginServicer,
-    StreamEvents,
-    build_server,
-    to_container_response,
-)
+from colad.service import DevicePluginServicer, StreamEvents, build_server, to_container_response
 from colad.statefile import PluginState
 
 pytestmark = pytest.mark.integration

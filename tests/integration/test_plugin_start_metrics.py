@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from colad.metrics import Metrics
-from tests.unit.test_footprint_imports import loaded
+from tests.integration.test_footprint_imports import loaded
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 RESOURCES = ("example.com/a", "example.com/b")
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from colad import messages
 from colad.device_wire import set_digest
 from colad.devices import Device, DeviceSet
 from colad.framing import HEADER
 from colad.queue_client import QueueClient
+
+pytestmark = pytest.mark.integration
 
 
 def _read_message(conn: socket.socket) -> messages.Message:

@@ -13,12 +13,12 @@ import random
 
 import pytest
 
-from colad.api import deviceplugin_pb2 as pb
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.device_list import _device, encoded_list, fit_list
+from colad.device_list import encoded_list, fit_list
 from colad.devices import Device, DeviceSet
 from colad.messages import DeviceSnapshot
-from colad.snapshots import UPSERTS, Receiver, delta
+from colad.snapshots import UPSERTS, Receiver
+from tests.oracles import list_and_watch_bytes, snapshot_delta
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ NAMES = [f"cola{i:03d}" for i in range(60)]
 
 
 def _protobuf(devices: DeviceSet) -> bytes:
-    wire: bytes = pb.ListAndWatchResponse(devices=[_device(d) for d in devices]).SerializeToString()
+    wire: bytes = list_and_watch_bytes(devices)
     return wire
 
 
@@ -56,7 +56,7 @@ def test_every_set_a_delta_makes_encodes_as_protobuf_does(encode_base: bool) -> 
                 else:
                     by_id[name] = _device_of(rng, name)
             new = DeviceSnapshot(1, seq, DeviceSet.of(by_id.values()), True, "r")
-            message, digest = delta(held, digest, new, seq - 1)
+            message, digest = snapshot_delta(held, digest, new, seq - 1)
             outcome = receiver.apply(message if message is not None else new)
             assert outcome.snapshot is not None
             got = outcome.snapshot.devices

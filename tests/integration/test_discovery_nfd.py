@@ -17,10 +17,12 @@ from pathlib import Path
 import pyinotify
 import pytest
 
-from colad import namemap, nfd, watch
+from colad import namemap
 from colad.discovery import Discovery
+from colad.inotify import Event, Inotify
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, Serve, begin, make_config
+from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +57,7 @@ class Hammer:
             except FileNotFoundError:
                 continue
             self.reads += 1
-            labels = nfd.parse(data)
+            labels = nfd_labels(data)
             if not data.endswith(b"\n") or set(labels) != {f"{BASE}.{s}" for s in namemap.NFD_LABEL_SUFFIXES}:
                 self.broken.append(data)
 
@@ -74,7 +76,7 @@ def test_the_feature_file_follows_the_counts_and_is_only_ever_replaced_whole(
     cfg = make_config(
         short_tmp, resource_name=RESOURCE, replicas=2, cdi="off", nfd_features_file=str(features), nfd_expiry=600.0
     )
-    events = watch.Inotify()
+    events = Inotify()
     events.add(str(features.parent), WRITES)
     hammer = Hammer(features)
     hammer.thread.start()
@@ -83,13 +85,13 @@ def test_the_feature_file_follows_the_counts_and_is_only_ever_replaced_whole(
     runner = runners(discovery)
     begin(discovery)
     runner.start()
-    seen: list[watch.Event] = []
+    seen: list[Event] = []
 
     def labels(present: str, count: int, healthy: int, what: str) -> None:
         want = {f"{BASE}.present": present, f"{BASE}.devices": str(count), f"{BASE}.healthy": str(healthy)}
 
         def exact() -> bool:
-            got = nfd.parse(features.read_bytes())
+            got = nfd_labels(features.read_bytes())
             if got != want:
                 raise AssertionError(f"labels: {got}")
             return True

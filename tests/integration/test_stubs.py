@@ -18,7 +18,7 @@ import pytest
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / ".venv-protoc" / "bin" / "python"

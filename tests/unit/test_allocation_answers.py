@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from colad import allocation
-from colad.devices import UNHEALTHY, Device, DeviceNode, DeviceSet, Mount
+from colad.constants import UNHEALTHY
+from colad.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.errors import AllocationError
 from colad.metrics import Metrics
 from colad.names import CDI_MODES

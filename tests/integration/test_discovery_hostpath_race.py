@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from colad import watch
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.discovery import Discovery
+from colad.inotify import Inotify
 from colad.messages import DeviceSnapshot
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, Serve, begin, make_config
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 RESOURCE = "example.com/cola"
 
 
-class RacingInotify(watch.Inotify):
+class RacingInotify(Inotify):
     """The host-path Inotify, with `race` run once just before the watch on `at` is added."""
 
     def __init__(self, count: Callable[[str], None]) -> None:

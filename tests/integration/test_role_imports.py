@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_footprint_imports import loaded
+from tests.integration.test_footprint_imports import loaded
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch"}
 NEVER = ("typing", "colad.queue", "colad.statefile", "colad.socketpath", "_hashlib")

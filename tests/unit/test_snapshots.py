@@ -17,7 +17,8 @@ import pytest
 from colad.constants import HEALTHY, UNHEALTHY
 from colad.devices import Device, DeviceSet, replicate
 from colad.messages import DeviceSnapshot
-from colad.snapshots import _STATS, Receiver, SetStats, Verdict, delta, keep_stats, stats_of
+from colad.snapshots import _STATS, Receiver, SetStats, Verdict, keep_stats, stats_of
+from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +55,7 @@ def test_stats_carried_over_random_deltas_equal_a_fresh_count() -> None:
                 else:
                     by_id[name] = _device(rng, name)
             new = DeviceSnapshot(1, seq, DeviceSet.of(by_id.values()), True, "r")
-            message, digest = delta(held, digest, new, seq - 1)
+            message, digest = snapshot_delta(held, digest, new, seq - 1)
             outcome = receiver.apply(message if message is not None else new)
             assert outcome.verdict is Verdict.APPLIED and outcome.snapshot is not None
             got = outcome.snapshot.devices

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 # The plugin's and discovery's: gRPC, protobuf, prometheus, the device model, the queue server.

@@ -1,7 +1,7 @@
 """ListAndWatch sends each list's encoded bytes as they are, over real gRPC on a Unix socket.
 
 What the kubelet receives must be protobuf's own serialization of the ListAndWatchResponse built
-from the devices (_device, one message per device), for random sets (IDs, health, NUMA nodes,
+from the devices (tests.oracles.list_and_watch_bytes, one message per device), for random sets (IDs, health, NUMA nodes,
 replicas) changed in turn, the first list and every later one; the generated stub still parses
 each; and the servicer's other methods still answer through the generated handlers.
 """
@@ -19,12 +19,13 @@ import pytest
 
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
+from colad.broadcast import DeviceBroadcast
 from colad.constants import HEALTHY, UNHEALTHY
-from colad.device_list import _device
 from colad.devices import Device, DeviceSet
 from colad.metrics import Metrics
-from colad.service import DeviceBroadcast, DevicePluginServicer, StreamEvents, build_server
+from colad.service import DevicePluginServicer, StreamEvents, build_server
 from colad.statefile import PluginState
+from tests.oracles import list_and_watch_bytes
 
 pytestmark = pytest.mark.integration
 METHOD = "/v1beta1.DevicePlugin/ListAndWatch"
@@ -43,7 +44,7 @@ def _random_set(rng: random.Random) -> DeviceSet:
 
 
 def _protobuf_bytes(devices: DeviceSet) -> bytes:
-    wire: bytes = pb.ListAndWatchResponse(devices=[_device(d) for d in devices]).SerializeToString()
+    wire: bytes = list_and_watch_bytes(devices)
     return wire
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.limits import plugin_fd_budget, task_budget
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "colad.service"

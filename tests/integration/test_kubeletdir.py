@@ -14,6 +14,8 @@ import pytest
 from colad import kubeletdir
 from colad.kubeletdir import Dial
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize(
     ("name", "ours"),
