@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from colad import constants, dirpath, trust
+from colad import constants, dirpath, log, trust
 from colad.config_checks import (
     SHOWN_CHARS,
     absolute_path_problem,
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection
     from typing import Any
 
+LOG = log.get(__name__)
 DEFAULT_CONFIG_PATH = "/etc/colad/colad.toml"
 
 MAX_RESOURCES = 32
@@ -670,3 +671,20 @@ def reload_plan(running: Config, new: Config) -> tuple[Config, tuple[str, ...]]:
     deferred = tuple(k for k in RESTART_ONLY if getattr(running, k) != getattr(new, k))
     kept = {k: getattr(running, k) for k in deferred}
     return dataclasses.replace(new, **kept), deferred
+
+
+def reload_config(running: Config) -> tuple[Config, tuple[str, ...]]:
+    """Re-read the config (SIGHUP) and say what applies; raises ConfigError, logged, if it is refused.
+
+    The whole file is validated before anything changes. Restart-only keys keep
+    their running values (logged); the log level takes effect at once.
+    """
+    try:
+        applied, deferred = reload_plan(running, load())
+    except ConfigError as exc:
+        LOG.error("reload refused; the running config stays", reason=str(exc))
+        raise
+    for key in deferred:
+        LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(running, key))
+    log.set_level(applied.log_level)
+    return applied, deferred

@@ -39,8 +39,8 @@ from colad.socketpath import SocketRecord
 if TYPE_CHECKING:
     from colad.httpserver import MetricsServer
     from colad.podresources import InUseWatcher
-    from colad.status import RoleHealth
     from colad.status_socket import StatusSocket
+    from colad.supervisor_rpc import RoleHealth
 
 LOG = log.get(__name__)
 
@@ -152,7 +152,7 @@ class Plugin:
         """The health rule on the published snapshot; `fresh`: ask supervisord now, not from the cache."""
         roles = self.roles
         if roles is None:  # asked before the observers are up (a test may): a check of its own
-            from colad.status import RoleHealth
+            from colad.supervisor_rpc import RoleHealth
 
             roles = RoleHealth(self.cfg)
         unasked = self.status_socket.problem() if self.status_socket is not None else ""
@@ -320,8 +320,8 @@ class Plugin:
                 import colad.httpserver  # noqa: F401 - loaded here, used by _observers_loaded
                 import colad.podresources  # noqa: F401
                 import colad.prestart  # noqa: F401 - before the first PreStartContainer needs it
-                import colad.status  # noqa: F401
                 import colad.status_socket  # noqa: F401
+                import colad.supervisor_rpc  # noqa: F401
             except Exception as exc:  # a broken install: the plugin still serves the kubelet
                 LOG.exception("metrics and health not available")
                 self.events.put(ev.ObserversLoaded(str(exc) or type(exc).__name__))
@@ -340,8 +340,8 @@ class Plugin:
         if error or self.observers == "up":
             return
         from colad.httpserver import MetricsServer
-        from colad.status import RoleHealth
         from colad.status_socket import StatusSocket
+        from colad.supervisor_rpc import RoleHealth
 
         self.observers = "up"
         self.roles = RoleHealth(self.cfg)
@@ -398,7 +398,7 @@ class Plugin:
     def reload(self) -> None:
         """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one."""
         try:
-            applied, deferred = proc.reload_config(self.cfg)
+            applied, deferred = config_mod.reload_config(self.cfg)
         except ConfigError as exc:
             self.last_reload = statefile.ReloadResult(at=self.wall(), ok=False, reason=str(exc))
             return

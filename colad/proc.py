@@ -12,10 +12,7 @@ import ctypes
 import os
 import signal
 
-from colad import config as config_mod
 from colad import log
-from colad.config import Config
-from colad.errors import ConfigError
 
 LOG = log.get(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -60,20 +57,3 @@ def setup_role() -> None:
     """Call first in every role's main(): files and sockets we create are root-only."""
     os.umask(0o077)
     die_with_parent()
-
-
-def reload_config(running: Config) -> tuple[Config, tuple[str, ...]]:
-    """Re-read the config (SIGHUP) and say what applies; raises ConfigError, logged, if it is refused.
-
-    The whole file is validated before anything changes. Restart-only keys keep
-    their running values (logged); the log level takes effect at once.
-    """
-    try:
-        applied, deferred = config_mod.reload_plan(running, config_mod.load())
-    except ConfigError as exc:
-        LOG.error("reload refused; the running config stays", reason=str(exc))
-        raise
-    for key in deferred:
-        LOG.warning("reload: this key changes at the next restart", key=key, running=getattr(running, key))
-    log.set_level(applied.log_level)
-    return applied, deferred

@@ -16,7 +16,7 @@ from typing import Any
 
 from colad import statefile, status_socket
 from colad.config import Config
-from colad.status import supervisor_proxy
+from colad.supervisor_rpc import supervisor_proxy
 
 GROUP = "colad"  # [group:colad] in conf/supervisord.conf
 CONFIRM_TIMEOUT = 10.0

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import pyinotify
 
-from colad import constants, dirpath, log, proc
+from colad import config, constants, dirpath, log, proc
 from colad.config import Config
 from colad.errors import ConfigError
 from colad.inotify import INSTANCES, WATCHES, Event, Inotify
@@ -317,7 +317,7 @@ class WatcherLoop:
     def reload(self) -> None:
         """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one."""
         try:
-            applied, deferred = proc.reload_config(self.cfg)
+            applied, deferred = config.reload_config(self.cfg)
         except ConfigError:
             return
         previous, self.cfg = self.cfg, applied

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from colad.plugin_health import PROGRAMS
-from colad.status import supervisor_proxy
+from colad.supervisor_rpc import supervisor_proxy
 from tests.helpers import wait_until
 
 SUPERVISORD = "supervisord"
