@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from colad.core.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
 
 IDLE_WAKEUPS_PER_MIN = 60.0  # "no thread of colad's own wakes more than once a second"
 # supervisord's main loop polls with a 1 s timeout: 60 a minute is its floor, whatever colad does.

@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable
 from itertools import count as counter
 
-from colad import device_list, device_wire, devices, messages, snapshots
-from colad.config import Config
-from colad.devices import Device, DeviceSet
-from colad.discovery import Discovery
+from colad.config.config import Config
+from colad.core import devices
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin import device_list
+from colad.discovery.main import Discovery
+from colad.queue import device_wire, messages, snapshots
 from tests.oracles import snapshot_delta
 
 Timed = Callable[[], object]

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from colad import allocation, devicefile, devices, messages
-from colad.config import Resource
-from colad.inotify import Inotify
-from colad.resource_scan import ResourceWatch
+from colad.config.config import Resource
+from colad.core import allocation, devices
+from colad.discovery import devicefile
+from colad.discovery.scan import ResourceWatch
+from colad.queue import messages
+from colad.watchers.inotify import Inotify
 
 CONTENT = """version = 1
 numa_nodes = [{node}]

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import procstat, split_floor
 from bench.subjects import Baseline, Split
-from colad.supervise import user_name
+from colad.supervise.main import user_name
 from tests.helpers import wait_until
 
 RUNS = 5

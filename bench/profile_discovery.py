@@ -32,7 +32,7 @@ CHANGES = 200
 
 def config(root: str, nfd: bool) -> Any:
     """The bench's settings (CDI spec on, host-path check on), every path under `root`."""
-    from colad.config import Config
+    from colad.config.config import Config
 
     values = {
         "device_dir": f"{root}/colas",
@@ -48,8 +48,8 @@ def config(root: str, nfd: bool) -> Any:
 
 def role_main(root: str, nfd: bool) -> None:
     """The discovery role as supervisord runs it, minus supervisord."""
-    from colad import log
-    from colad.discovery import Discovery
+    from colad.discovery.main import Discovery
+    from colad.runtime import log
 
     log.setup("discovery", "INFO")
     Discovery(config(root, nfd)).run()
@@ -69,7 +69,7 @@ class Receiver:
     """The plugin's end of the queue: the exact snapshot the deltas build, and when it came."""
 
     def __init__(self, path: str) -> None:
-        from colad.queue import QueueServer
+        from colad.queue.server import QueueServer
 
         self.cond = threading.Condition()
         self.latest: Any = None

@@ -1,6 +1,6 @@
 """Where the plugin process spends its CPU, phase by phase, for this checkout and another (A/B, one run).
 
-Each phase runs `colad.plugin.Plugin` in a fresh process of its own: device snapshots posted as
+Each phase runs `colad.plugin.main.Plugin` in a fresh process of its own: device snapshots posted as
 the queue thread posts them, kubelet.sock changes reported as kubelet-watch reports them, and the
 fake kubelet (tests/fakes) in a further process, so the process CPU measured is the plugin's.
 Phases: `changes` (one-device changes), `restarts` (kubelet restarts), `start` (10,000 devices).
@@ -120,11 +120,11 @@ class Kubelet:
 # ---- discovery's sending end, in a process of its own (`start --queue`): its encoding is not the plugin's CPU ----
 def sender_main(queue_socket: str, count: int) -> None:
     try:
-        from colad.queue_client import QueueClient
+        from colad.queue.client import QueueClient
     except ImportError:  # a tree whose colad.queue holds the client
-        from colad.queue import QueueClient  # type: ignore[attr-defined,no-redef]
-    from colad.devices import Device, DeviceSet
-    from colad.messages import DeviceSnapshot
+        from colad.queue.server import QueueClient  # type: ignore[attr-defined,no-redef]
+    from colad.core.devices import Device, DeviceSet
+    from colad.queue.messages import DeviceSnapshot
 
     snapshot = DeviceSnapshot(1, 1, DeviceSet.of(Device(f"cola-{i:05d}") for i in range(count)), True, RESOURCE)
     print("ready", flush=True)
@@ -158,12 +158,12 @@ class Spy:
 
 
 def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: bool = False) -> None:
-    from colad import log
-    from colad.config import Config
-    from colad.devices import Device, DeviceSet
-    from colad.framing import Peer
-    from colad.messages import DeviceSnapshot, KubeletState
-    from colad.plugin import Plugin
+    from colad.config.config import Config
+    from colad.core.devices import Device, DeviceSet
+    from colad.plugin.main import Plugin
+    from colad.queue.framing import Peer
+    from colad.queue.messages import DeviceSnapshot, KubeletState
+    from colad.runtime import log
 
     log.setup("plugin", "INFO")
     values = {

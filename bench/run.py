@@ -29,7 +29,11 @@ from typing import Any
 from bench import budgets, floor, installed, measure, procstat, report, scale, subjects
 from bench.subjects import REPO, Baseline, Colad, Subject, settle
 
-ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch", "plugin": "colad.plugin"}
+ROLES = {
+    "discovery": "colad.discovery.main",
+    "kubelet-watch": "colad.kubelet_watch.main",
+    "plugin": "colad.plugin.main",
+}
 HEAVY = ("grpc", "prometheus_client", "google.protobuf")
 
 
@@ -42,7 +46,7 @@ def role_imports(python: str) -> dict[str, list[str]]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     found = {}
     for role, module in ROLES.items():
-        code = f"import sys, colad.cli, colad.cli_args, {module}; print(' '.join(sys.modules))"
+        code = f"import sys, colad.cli.main, colad.cli.args, {module}; print(' '.join(sys.modules))"
         loaded = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd=REPO, env=env)
         found[role] = sorted(h for h in HEAVY if h in loaded.stdout.split())
     return found

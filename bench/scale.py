@@ -15,9 +15,9 @@ from typing import Any
 
 from bench import measure
 from bench.subjects import Baseline, Colad, Subject
-from colad.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
-from colad.device_list import list_entry
-from colad.devices import Device
+from colad.core.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
+from colad.core.devices import Device
+from colad.deviceplugin.device_list import list_entry
 from tests.helpers import WaitTimeout
 
 HEALTHY = "Healthy"

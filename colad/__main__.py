@@ -14,7 +14,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
 import os  # noqa: E402  (after the mask, on purpose)
 import sys  # noqa: E402
 
-from colad.roles import ROLE_NAMES, ROLES  # noqa: E402
+from colad.core.roles import ROLE_NAMES, ROLES  # noqa: E402
 
 # Long-running commands for which a stop during start-up is a clean exit and SIGHUP means nothing
 # (supervisord installs its own handler after exec).
@@ -55,6 +55,6 @@ if __name__ == "__main__":
     if command_of(sys.argv[1:]) not in ROLE_NAMES:
         restore_signals(command_of(sys.argv[1:]))
 
-    from colad.cli import main
+    from colad.cli.main import main
 
     sys.exit(main())

@@ -108,16 +108,17 @@ FDS_PER_RESOURCE = 4  # its gRPC socket, the kubelet's connection, a Register ch
 
 def task_budget() -> int:
     """Every task of a colad with the most resources allowed, each with every gRPC worker busy."""
-    from colad.config import MAX_RESOURCES
-    from colad.service import WORKERS
+    from colad.config.config import MAX_RESOURCES
+    from colad.deviceplugin.service import WORKERS
 
     return 1 + 1 + 1 + PLUGIN_FIXED_THREADS + MAX_RESOURCES * (WORKERS + 1)
 
 
 def plugin_fd_budget() -> int:
     """The plugin's files with the most resources, the queue full of peers and the HTTP server at its cap."""
-    from colad import httpserver, queue
-    from colad.config import MAX_RESOURCES
+    from colad.config.config import MAX_RESOURCES
+    from colad.metrics import httpserver
+    from colad.queue import server as queue
 
     http = httpserver.MAX_CONNECTIONS + 2 * (httpserver.LANE_BACKLOG + 1) + httpserver.FD_RESERVE
     return PLUGIN_FIXED_FDS + MAX_RESOURCES * FDS_PER_RESOURCE + queue.MAX_PEERS + http

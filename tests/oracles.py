@@ -14,14 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from colad import cdi
 from colad.api import deviceplugin_pb2 as pb
-from colad.device_rules import cdi_device_name_problem
-from colad.device_wire import set_digest
-from colad.devices import Device, DeviceDiff, DeviceSet, SkippedName, diff, valid_ids
-from colad.messages import DeviceDelta, DeviceSnapshot
-from colad.namemap import cdi_kind, cdi_kind_problem
-from colad.snapshots import moved_delta
+from colad.core.device_rules import cdi_device_name_problem
+from colad.core.devices import Device, DeviceDiff, DeviceSet, SkippedName, diff, valid_ids
+from colad.core.namemap import cdi_kind, cdi_kind_problem
+from colad.outputs import cdi
+from colad.queue.device_wire import set_digest
+from colad.queue.messages import DeviceDelta, DeviceSnapshot
+from colad.queue.snapshots import moved_delta
 
 # --- the device directory ---------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colad.plugin_health import PROGRAMS
-from colad.supervisor_rpc import supervisor_proxy
+from colad.health.rule import PROGRAMS
+from colad.health.supervisor import supervisor_proxy
 from tests.helpers import wait_until
 
 SUPERVISORD = "supervisord"

@@ -8,7 +8,7 @@ differs.
 ``from pkg import name`` is an edge to ``pkg.name`` when ``pkg/name.py`` (or a
 ``pkg/name/`` package) exists, and an edge to ``pkg`` otherwise.  Relative
 imports are resolved against the importing module.  ``importlib.import_module``
-with a literal name counts too; one with a computed name (cli.py's ROLES
+with a literal name counts too; one with a computed name (colad/cli/main.py's ROLES
 table) is not seen.
 """
 

@@ -24,18 +24,29 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Private names a test still reaches, each for a reason no public API serves.
 PRIVATE_SEAMS = {
-    "colad.snapshots._STATS": "the memo key: a test asserts a delta carried the counts over instead of recounting",
-    "colad.httpserver._Reading": "a connection being read: choose_victim's tests build the connections it chooses from",
-    "colad.config._CHECKS": "the per-key checks: a test asserts every default passes its own key's check",
-    "colad.log._Formatter": "the one line format; log.setup() installs it on stdout, which a test cannot capture",
-    "colad.status._from_file": "status' answer from the state file alone, tested without a live plugin socket",
-    "colad.config_input._ONLY_COMMENTS": "the comments-only shortcut, checked against tomllib on random texts",
-    "colad.messages._body": "a message's JSON body: memory tests compare the streamed encoding with json's own",
-    "colad.watch._identity": "the stat() of a watched path: the wake-up tests count the calls each wake costs",
+    "colad.queue.snapshots._STATS": (
+        "the memo key: a test asserts a delta carried the counts over instead of recounting"
+    ),
+    "colad.metrics.httpserver._Reading": (
+        "a connection being read: choose_victim's tests build the connections it chooses from"
+    ),
+    "colad.config.config._CHECKS": "the per-key checks: a test asserts every default passes its own key's check",
+    "colad.runtime.log._Formatter": (
+        "the one line format; log.setup() installs it on stdout, which a test cannot capture"
+    ),
+    "colad.cli.status._from_file": "status' answer from the state file alone, tested without a live plugin socket",
+    "colad.config.source._ONLY_COMMENTS": "the comments-only shortcut, checked against tomllib on random texts",
+    "colad.queue.messages._body": "a message's JSON body: memory tests compare the streamed encoding with json's own",
+    "colad.watchers.loop._identity": "the stat() of a watched path: the wake-up tests count the calls each wake costs",
 }
 # Modules whose unused imports other work removes; each entry names why it is still there.
 REEXPORTS_ALLOWED = {
-    "colad.device_wire.DeviceSet": "messages' lazy import names it from device_wire (the messages/device_wire cycle)",
+    "colad.watchdog.make_rpcinterface": (
+        "the entry point an installed supervisord.conf (a conffile) names: see colad/watchdog.py"
+    ),
+    "colad.queue.device_wire.DeviceSet": (
+        "messages' lazy import names it from device_wire (the messages/device_wire cycle)"
+    ),
 }
 BY_HISTORY = re.compile(
     r"issue|round_?\d|(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(?:st|nd|rd|th))_round"

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colad import messages
-from colad.devices import Device, DeviceSet
-from colad.framing import frame
-from colad.plugin_health import PROGRAMS
+from colad.core.devices import Device, DeviceSet
+from colad.health.rule import PROGRAMS
+from colad.queue import messages
+from colad.queue.framing import frame
 from tests.fakes.kubelet import FakeKubelet
 from tests.flood import flooding
 from tests.helpers import http_get, metrics_address, wait_until
@@ -254,7 +254,7 @@ class Chaos:
     def sigkill_supervisord(self) -> None:
         self.colad.kill("supervisord")
         assert self.colad.proc is not None
-        self.colad.proc.wait(10)
+        self.colad.runtime.proc.wait(10)
         self.change_devices()
         self.colad.start()  # systemd's Restart=on-failure
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import namemap
+from colad.core import namemap
 from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until

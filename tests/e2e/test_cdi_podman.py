@@ -1,6 +1,6 @@
 """A real CDI consumer: podman resolves `--device myway5.com/cola=<id>` from the spec colad wrote.
 
-Device files on disk are parsed by colad/devicefile.py, turned into a spec by colad/cdi.py and
+Device files on disk are parsed by colad/discovery/devicefile.py, turned into a spec by colad/outputs/cdi.py and
 written by its SpecWriter, as discovery will do; podman 4.3 (Debian's) then runs a container with
 the CDI name Allocate answers, and the container must see the env, the mount (read-only) and a
 real device node (a char device 1:3, made with mknod). podman reads specs only from /etc/cdi and
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, namemap
-from colad.devicefile import parse
-from colad.devices import DeviceSet, replicate
+from colad.core import namemap
+from colad.core.devices import DeviceSet, replicate
+from colad.discovery.devicefile import parse
+from colad.outputs import cdi
 from tests import image
 from tests.oracles import cdi_spec, spec_bytes
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, namemap
+from colad.core import namemap
+from colad.outputs import cdi
 from tests.e2e.test_cdi_podman import RESOURCE, SEE, _machine_state, _run, _seen, needs_podman
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until

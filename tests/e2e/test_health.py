@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import watchdog
+from colad.supervise import watchdog
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import constants
+from colad.core import constants
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import httpserver
+from colad.metrics import httpserver
 from tests.fakes.kubelet import FakeKubelet
 from tests.flood import flooding
 from tests.helpers import http_get, metrics_address, wait_until

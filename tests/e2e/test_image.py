@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from colad import config as config_mod
+from colad.config import config as config_mod
 from tests import image
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.podresources import FakePodResources

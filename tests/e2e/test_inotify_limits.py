@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import DEGRADED_POLL_S
+from colad.core.constants import DEGRADED_POLL_S
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

@@ -173,7 +173,7 @@ def test_a_device_prepare_without_a_resource_prepare_requires_nothing(short_tmp:
 def test_a_burst_of_slow_prepares_leaves_allocate_a_worker(short_tmp: Path, kubelet: FakeKubelet) -> None:
     # 16 PreStartContainer calls whose prepare takes 3 s: at most MAX_PRE_STARTS are taken (4 run, the
     # others wait for a turn), the rest are RESOURCE_EXHAUSTED at once, and Allocate is answered meanwhile.
-    from colad.service import MAX_PRE_STARTS
+    from colad.deviceplugin.service import MAX_PRE_STARTS
 
     started = short_tmp / "started"
     command = shlex.join(["/bin/sh", "-c", f'echo "$1" >> {shlex.quote(str(started))}; sleep 3', "prepare"])

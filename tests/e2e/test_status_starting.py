@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.plugin_health import PROGRAMS
+from colad.health.rule import PROGRAMS
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.service import ColadService

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf.message import Message
 
 from colad.api import deviceplugin_pb2 as pb
-from colad.plugin_health import PROGRAMS
+from colad.health.rule import PROGRAMS
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from colad import supervise, watchdog
-from colad.plugin_health import PROGRAMS
+from colad.health.rule import PROGRAMS
+from colad.supervise import main as supervise
+from colad.supervise import watchdog
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

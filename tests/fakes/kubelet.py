@@ -29,9 +29,9 @@ from typing import Any, TypeVar, cast
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from colad import constants
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
+from colad.core import constants
 from tests.helpers import WaitTimeout, wait_until
 
 M = TypeVar("M", bound=Message)

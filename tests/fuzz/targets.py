@@ -16,14 +16,18 @@ import time
 import grpc
 from google.protobuf.message import DecodeError
 
-from colad import allocation, device_wire, devicefile, inuse, messages, podresources, rpc, snapshots
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
-from colad.broadcast import DeviceBroadcast
-from colad.devices import Device, DeviceSet
-from colad.errors import AllocationError, MessageError
-from colad.metrics import Metrics
-from colad.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents
+from colad.core import allocation, inuse
+from colad.core.devices import Device, DeviceSet
+from colad.core.errors import AllocationError, MessageError
+from colad.deviceplugin import rpc
+from colad.deviceplugin.broadcast import DeviceBroadcast
+from colad.deviceplugin.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents
+from colad.discovery import devicefile
+from colad.metrics.registry import Metrics
+from colad.plugin import podresources
+from colad.queue import device_wire, messages, snapshots
 from tests.fuzz import wire
 
 DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.queue import QueueServer
+from colad.queue.server import QueueServer
 from tests.integration.support import Inbox, Role, RoleRunner, Serve
 
 

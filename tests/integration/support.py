@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from colad.config import Config
-from colad.discovery import Discovery
-from colad.framing import Peer
-from colad.kubelet_watch import KubeletWatch
-from colad.messages import Message
-from colad.queue import QueueServer
-from colad.watch import SignalWaker
+from colad.config.config import Config
+from colad.discovery.main import Discovery
+from colad.kubelet_watch.main import KubeletWatch
+from colad.queue.framing import Peer
+from colad.queue.messages import Message
+from colad.queue.server import QueueServer
+from colad.watchers.loop import SignalWaker
 
 M = TypeVar("M")
 Role = Discovery | KubeletWatch

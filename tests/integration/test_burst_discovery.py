@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from colad import resource_scan
-from colad.config import Config
-from colad.discovery import RELIST_NAMES, Discovery
-from colad.messages import DeviceSnapshot
+from colad.config.config import Config
+from colad.discovery import scan as resource_scan
+from colad.discovery.main import RELIST_NAMES, Discovery
+from colad.queue.messages import DeviceSnapshot
 from tests.helpers import wait_until
 from tests.integration.support import Serve, begin, discovery_config
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from colad import supervise
+from colad.supervise import main as supervise
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from colad import commands, prestart
-from colad.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
+from colad.jobs import commands, prestart
+from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -277,7 +277,8 @@ def test_without_a_subreaper_what_carries_the_marker_is_still_killed() -> None:
 
 STOPPER = """
 import signal, sys, threading, time
-from colad import commands, prestart
+from colad.jobs import commands
+from colad.jobs import prestart
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as the plugin takes it: sigwait
 commands.become_subreaper()
 step = prestart.Step(("/bin/sh", "-c", sys.argv[1]), ("cola1",), ())

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from colad import messages
-from colad.config import Config
-from colad.devices import Device, DeviceSet
-from colad.discovery import Discovery
-from colad.messages import DeviceDelta, DeviceSnapshot
-from colad.queue import QueueServer
-from colad.queue_client import QueueClient
-from colad.snapshots import Held, Outcome, Receiver
+from colad.config.config import Config
+from colad.core.devices import Device, DeviceSet
+from colad.discovery.main import Discovery
+from colad.queue import messages
+from colad.queue.client import QueueClient
+from colad.queue.messages import DeviceDelta, DeviceSnapshot
+from colad.queue.server import QueueServer
+from colad.queue.snapshots import Held, Outcome, Receiver
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, discovery_config
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import namemap
-from colad.config import Config
-from colad.discovery import Discovery
-from colad.messages import DeviceSnapshot
-from colad.queue import QueueServer
+from colad.config.config import Config
+from colad.core import namemap
+from colad.discovery.main import Discovery
+from colad.queue.messages import DeviceSnapshot
+from colad.queue.server import QueueServer
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, begin, make_config
 

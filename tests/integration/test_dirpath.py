@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from colad import dirpath, watch
-from colad.config import Resource, load
-from colad.config_checks import alias_problems
-from colad.inotify import Inotify
-from colad.resource_scan import ResourceWatch
+from colad.config.checks import alias_problems
+from colad.config.config import Resource, load
+from colad.discovery.scan import ResourceWatch
+from colad.runtime import dirpath
+from colad.watchers import loop as watch
+from colad.watchers.inotify import Inotify
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration

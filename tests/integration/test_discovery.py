@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from colad.config import Config
-from colad.devicedir import list_regular_files
-from colad.discovery import Discovery
-from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, Stats, encode
-from colad.queue_client import QueueClient
+from colad.config.config import Config
+from colad.discovery.devicedir import list_regular_files
+from colad.discovery.main import Discovery
+from colad.queue.client import QueueClient
+from colad.queue.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, Stats, encode
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, bind_socket, make_config
 

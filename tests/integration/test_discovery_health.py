@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import device_wire, devicefile, hostpaths
-from colad.config import Config
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceSet
-from colad.discovery import Discovery
-from colad.messages import DeviceSnapshot
+from colad.config.config import Config
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.discovery import devicefile, hostpaths
+from colad.discovery.main import Discovery
+from colad.queue import device_wire
+from colad.queue.messages import DeviceSnapshot
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
 from tests.oracles import nfd_labels

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from colad.config import Config
-from colad.constants import UNHEALTHY
-from colad.discovery import Discovery
-from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, encode
+from colad.config.config import Config
+from colad.core.constants import UNHEALTHY
+from colad.discovery.main import Discovery
+from colad.queue.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, encode
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
 
@@ -212,10 +212,10 @@ def test_bad_names_are_skipped_warned_and_counted_once(
 # Run as root without the two capabilities that let root read any directory: a real EACCES.
 _EACCES_SCAN = """
 import sys
-from colad.config import Resource
-from colad.devices import Device, DeviceSet
-from colad.inotify import Inotify
-from colad.resource_scan import ResourceWatch
+from colad.config.config import Resource
+from colad.core.devices import Device, DeviceSet
+from colad.watchers.inotify import Inotify
+from colad.discovery.scan import ResourceWatch
 rw = ResourceWatch(Inotify(), Resource("myway5.com/cola", sys.argv[1]))
 rw.current = DeviceSet.of([Device("cola1")])
 out = rw.scan(None)

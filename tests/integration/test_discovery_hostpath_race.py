@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.discovery import Discovery
-from colad.inotify import Inotify
-from colad.messages import DeviceSnapshot
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.discovery.main import Discovery
+from colad.queue.messages import DeviceSnapshot
+from colad.watchers.inotify import Inotify
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, Serve, begin, make_config
 

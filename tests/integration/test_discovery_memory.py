@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, device_health, devicedir, namemap
-from colad.config import Config
-from colad.constants import UNHEALTHY
-from colad.discovery import Discovery
+from colad.config.config import Config
+from colad.core import namemap
+from colad.core.constants import UNHEALTHY
+from colad.discovery import devicedir
+from colad.discovery import health as device_health
+from colad.discovery.main import Discovery
+from colad.outputs import cdi
 from tests.integration.support import discovery_config
 
 pytestmark = pytest.mark.integration

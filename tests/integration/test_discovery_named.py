@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import device_wire, messages
-from colad.config import Config
-from colad.constants import UNHEALTHY
-from colad.discovery import Discovery
-from colad.inotify import Inotify
-from colad.resource_scan import ResourceWatch
-from colad.snapshots import fit_the_queue
+from colad.config.config import Config
+from colad.core.constants import UNHEALTHY
+from colad.discovery.main import Discovery
+from colad.discovery.scan import ResourceWatch
+from colad.queue import device_wire, messages
+from colad.queue.snapshots import fit_the_queue
+from colad.watchers.inotify import Inotify
 from tests.helpers import wait_until
 from tests.integration.support import discovery_config
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pyinotify
 import pytest
 
-from colad import namemap
-from colad.discovery import Discovery
-from colad.inotify import Event, Inotify
+from colad.core import namemap
+from colad.discovery.main import Discovery
+from colad.watchers.inotify import Event, Inotify
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, Serve, begin, make_config
 from tests.oracles import nfd_labels

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from colad.config import Config
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, Mount
-from colad.discovery import Discovery
-from colad.messages import DeviceSnapshot
-from colad.pathtrust import directory_chain, directory_problem
-from colad.trust import UNTRUSTED
+from colad.config.config import Config
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, Mount
+from colad.core.trust import UNTRUSTED
+from colad.discovery.main import Discovery
+from colad.queue.messages import DeviceSnapshot
+from colad.runtime.pathtrust import directory_chain, directory_problem
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, make_config
 

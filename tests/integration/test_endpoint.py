@@ -1,4 +1,4 @@
-"""Integration tests for colad.endpoint's effect boundary: real gRPC, the strict fake kubelet, faults at the seams.
+"""colad.plugin.endpoint's effect boundary: real gRPC, the strict fake kubelet, faults at the seams.
 
 The plugin runs in a thread of the test. Its servers and Register calls are the real ones, made
 through the injected `Servers` factory, which here makes one seam fail for as long as the test
@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from colad.devices import Device, DeviceSet
-from colad.endpoint import Servers
-from colad.framing import Peer
-from colad.messages import DeviceSnapshot, KubeletState
-from colad.plugin import Plugin
-from colad.registration import REGISTER_BACKOFF_MAX
-from colad.service import DevicePluginServicer, RegisterCall, build_server
+from colad.core.devices import Device, DeviceSet
+from colad.core.registration import REGISTER_BACKOFF_MAX
+from colad.deviceplugin.service import DevicePluginServicer, RegisterCall, build_server
+from colad.plugin.endpoint import Servers
+from colad.plugin.main import Plugin
+from colad.queue.framing import Peer
+from colad.queue.messages import DeviceSnapshot, KubeletState
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.integration.support import make_config

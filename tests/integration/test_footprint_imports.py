@@ -22,21 +22,24 @@ NOT_IN_SMALL_ROLES = (
     "grpc",
     "google.protobuf",
     "prometheus_client",
-    "colad.allocation",
-    "colad.cdi",
-    "colad.nfd",
-    "colad.statefile",
-    "colad.queue",
-    "colad.snapshots",
-    "colad.socketpath",
+    "colad.core.allocation",
+    "colad.outputs.cdi",
+    "colad.outputs.nfd",
+    "colad.outputs.statefile",
+    "colad.queue.server",
+    "colad.queue.snapshots",
+    "colad.outputs.socketpath",
     "xmlrpc.client",
     "http.client",
 )
 CASES = {
     # It encodes a KubeletState only: messages.py imports device_wire (the device model, hashlib) on first device use.
-    "kubelet-watch": ("colad.kubelet_watch", NOT_IN_SMALL_ROLES + ("colad.devices", "hashlib")),
+    "kubelet-watch": ("colad.kubelet_watch.main", NOT_IN_SMALL_ROLES + ("colad.core.devices", "hashlib")),
     # pyinotify's own import brings tempfile (ctypes.util): only where inotify is used.
-    "supervise": ("colad.supervise", NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.devices", "colad.watch")),
+    "supervise": (
+        "colad.supervise.main",
+        NOT_IN_SMALL_ROLES + ("pyinotify", "tempfile", "colad.core.devices", "colad.watchers.loop"),
+    ),
 }
 
 
@@ -44,7 +47,7 @@ def loaded(module: str, tmp_path: Path, config_text: str = "") -> set[str]:
     """sys.modules of a fresh interpreter that imported the CLI and `module`, then loaded a config of `config_text`."""
     (tmp_path / "colad.toml").write_text(config_text)
     code = (
-        f"import sys, colad.cli, {module}\n"
+        f"import sys, colad.cli.main, {module}\n"
         "from colad import config\n"
         "config.load({})\n"
         "print(' '.join(sorted(sys.modules)))\n"
@@ -68,7 +71,7 @@ SUPERVISORD_LOADS = (
     "import supervisor.supervisord, supervisor.http, supervisor.rpcinterface, supervisor.xmlrpc, supervisor.web"
 )
 # The watchdog runs inside supervisord for the node's whole life: the log format (stdlib logging) and itself.
-WATCHDOG_ADDS = {"colad", "colad.log", "colad.watchdog", "logging", "atexit", "encodings.unicode_escape"}
+WATCHDOG_ADDS = {"colad", "colad.log", "colad.supervise.watchdog", "logging", "atexit", "encodings.unicode_escape"}
 
 
 def test_the_watchdog_adds_to_supervisord_only_itself_and_the_log_format() -> None:
@@ -80,5 +83,5 @@ def test_the_watchdog_adds_to_supervisord_only_itself_and_the_log_format() -> No
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     added = set(out.stdout.rsplit("MODULES", 1)[1].split())
-    assert "colad.watchdog" in added
+    assert "colad.supervise.watchdog" in added
     assert sorted(added - WATCHDOG_ADDS) == []  # e.g. dataclasses would bring inspect, ast, dis: ~0.9 MiB

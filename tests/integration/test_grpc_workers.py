@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 CHILD = textwrap.dedent(
     """
     import sys, threading
-    from colad.service import Workers
+    from colad.deviceplugin.service import Workers
 
     sys.stdout.write("ready\\n"); sys.stdout.flush()
     sys.stdin.readline()  # moved into the group meanwhile

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from colad import httpserver
-from colad import metrics as metrics_mod
-from colad.httpserver import MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_REQUEST_BYTES, MetricsServer, parse_head
-from colad.metrics import Metrics
+from colad.metrics import httpserver
+from colad.metrics import registry as metrics_mod
+from colad.metrics.httpserver import MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_REQUEST_BYTES, MetricsServer, parse_head
+from colad.metrics.registry import Metrics
 from tests.helpers import http_get, wait_until
 
 pytestmark = pytest.mark.integration

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from colad.config import Config
-from colad.kubelet_watch import KubeletWatch
-from colad.kubeletdir import plugin_sockets, socket_identity
-from colad.messages import KubeletState
-from colad.watch import poll
+from colad.config.config import Config
+from colad.kubelet_watch.main import KubeletWatch
+from colad.queue.messages import KubeletState
+from colad.runtime.kubeletdir import plugin_sockets, socket_identity
+from colad.watchers.loop import poll
 from tests.helpers import wait_until
 from tests.integration.support import Inbox, RoleRunner, Serve, begin, bind_socket, make_config
 

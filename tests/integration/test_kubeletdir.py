@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from colad import kubeletdir
-from colad.kubeletdir import Dial
+from colad.runtime import kubeletdir
+from colad.runtime.kubeletdir import Dial
 
 pytestmark = pytest.mark.integration
 

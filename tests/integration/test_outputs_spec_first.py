@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from colad import cdi, namemap
-from colad.config import Config
-from colad.devices import Device
-from colad.discovery import Discovery
-from colad.framing import Peer
-from colad.messages import DeviceSnapshot, Message
-from colad.queue import QueueServer
+from colad.config.config import Config
+from colad.core import namemap
+from colad.core.devices import Device
+from colad.discovery.main import Discovery
+from colad.outputs import cdi
+from colad.queue.framing import Peer
+from colad.queue.messages import DeviceSnapshot, Message
+from colad.queue.server import QueueServer
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, begin, make_config
 from tests.oracles import spec_entry

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.pathtrust import lookup
+from colad.runtime.pathtrust import lookup
 
 pytestmark = pytest.mark.integration
 NAMES = ["a", "b", "c", "d"]

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from colad.devices import Device, DeviceSet
-from colad.endpoint import Servers
-from colad.framing import Peer
-from colad.messages import DeviceSnapshot, KubeletState
-from colad.plugin import Plugin
-from colad.service import DevicePluginServicer, build_server
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin.service import DevicePluginServicer, build_server
+from colad.plugin.endpoint import Servers
+from colad.plugin.main import Plugin
+from colad.queue.framing import Peer
+from colad.queue.messages import DeviceSnapshot, KubeletState
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.integration.support import make_config

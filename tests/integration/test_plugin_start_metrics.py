@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from colad.metrics import Metrics
+from colad.metrics.registry import Metrics
 from tests.integration.test_footprint_imports import loaded
 
 pytestmark = pytest.mark.integration
@@ -114,7 +114,7 @@ def test_a_series_removed_before_bind_is_not_exported() -> None:
     metrics.add_resource(RESOURCES[0])
     metrics.list_cut.labels(RESOURCES[1]).inc()
     metrics.remove_resource(RESOURCES[0])
-    metrics.list_cut.remove("never made")  # no error, as after bind (colad.metrics._remove)
+    metrics.list_cut.remove("never made")  # no error, as after bind (colad.metrics.registry._remove)
     text = generate_latest(metrics.registry).decode()
     assert RESOURCES[0] not in text
     assert metrics.registry.get_sample_value("colad_list_and_watch_cuts_total", {"resource": RESOURCES[1]}) == 1
@@ -122,18 +122,18 @@ def test_a_series_removed_before_bind_is_not_exported() -> None:
 
 def test_the_plugin_loads_no_prometheus_client_http_server_or_prepare_before_register(tmp_path: Path) -> None:
     """What `colad plugin` imports before its first Register: the CLI, the config, colad.plugin."""
-    modules = loaded("colad.plugin", tmp_path)
-    assert "colad.plugin" in modules and "grpc" in modules
+    modules = loaded("colad.plugin.main", tmp_path)
+    assert "colad.plugin.main" in modules and "grpc" in modules
     unwanted = (
         "prometheus_client",
-        "colad.collectors",
-        "colad.httpserver",
+        "colad.metrics.collectors",
+        "colad.metrics.httpserver",
         "wsgiref",
         "http.server",
-        "colad.status",
+        "colad.cli.status",
         "xmlrpc.client",
-        "colad.podresources",
-        "colad.prestart",
-        "colad.probes",
+        "colad.plugin.podresources",
+        "colad.jobs.prestart",
+        "colad.jobs.probes",
     )
     assert sorted(m for m in unwanted if m in modules) == []

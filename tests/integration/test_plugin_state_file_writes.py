@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from colad.endpoint import Endpoint
-from colad.plugin import STATE_FILE_INTERVAL
+from colad.plugin.endpoint import Endpoint
+from colad.plugin.main import STATE_FILE_INTERVAL
 from tests.helpers import wait_until
 from tests.integration.test_shell_state_file import DEADLINE, Shell, running
 

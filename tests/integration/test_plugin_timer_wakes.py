@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from colad.plugin import SAFETY_CHECK_INTERVAL, Plugin
-from colad.registration import INITIAL_DEVICES_WAIT
+from colad.core.registration import INITIAL_DEVICES_WAIT
+from colad.plugin.main import SAFETY_CHECK_INTERVAL, Plugin
 from tests.integration.support import make_config
 
 pytestmark = pytest.mark.integration

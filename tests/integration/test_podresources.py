@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from colad import constants
-from colad.metrics import Metrics
-from colad.podresources import NO_ALLOCATABLE, InUseWatcher
+from colad.core import constants
+from colad.metrics.registry import Metrics
+from colad.plugin.podresources import NO_ALLOCATABLE, InUseWatcher
 from tests.fakes.podresources import FakePodResources
 from tests.helpers import wait_until
 from tests.integration.support import make_config
@@ -67,7 +67,7 @@ def messages(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "colad.podresources" and (level is None or r.levelno == level)
+        if r.name == "colad.plugin.podresources" and (level is None or r.levelno == level)
     ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
+from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
 
 pytestmark = pytest.mark.integration
 SH = "/bin/sh"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from colad import prestart
-from colad.probes import Probe, ProbeRunner, Verdict
-from colad.trust import ROOT_ONLY, UNTRUSTED, trusted_uids
+from colad.core.trust import ROOT_ONLY, UNTRUSTED, trusted_uids
+from colad.jobs import prestart
+from colad.jobs.probes import Probe, ProbeRunner, Verdict
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import UNHEALTHY
-from colad.devices import Device, DeviceSet
-from colad.errors import InstanceError
-from colad.framing import Peer, frame, peer_of
-from colad.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, KubeletState, Message, Stats
-from colad.queue_client import QueueClient
-from colad.socketpath import claim_socket_path
-from colad.watch import poll
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.core.errors import InstanceError
+from colad.outputs.socketpath import claim_socket_path
+from colad.queue.client import QueueClient
+from colad.queue.framing import Peer, frame, peer_of
+from colad.queue.messages import MAX_MESSAGE_BYTES, DeviceSnapshot, KubeletState, Message, Stats
+from colad.watchers.loop import poll
 from tests.helpers import wait_until
 from tests.integration.support import Serve, bind_socket
 
@@ -318,7 +318,7 @@ def test_bad_peer_is_dropped_and_a_good_one_still_gets_through(
     delivered: list[Message],
     rejects: list[str],
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="colad.queue")
+    caplog.set_level(logging.DEBUG, logger="colad.queue.server")
     path = short_tmp / "q.sock"
     _, inbox = serve(path)
     raw = connect(path)
@@ -392,7 +392,7 @@ def test_sequence_rules(
     steps: list[tuple[str, Message | None]],
     delivered: list[Message],
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="colad.queue")
+    caplog.set_level(logging.DEBUG, logger="colad.queue.server")
     path = short_tmp / "q.sock"
     _, inbox = serve(path)
     conns: dict[str, socket.socket] = {}

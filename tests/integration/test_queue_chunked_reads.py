@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from colad import queue
-from colad.devices import Device, DeviceSet
-from colad.framing import frame
-from colad.messages import DeviceSnapshot, Message, Stats
+from colad.core.devices import Device, DeviceSet
+from colad.queue import server as queue
+from colad.queue.framing import frame
+from colad.queue.messages import DeviceSnapshot, Message, Stats
 from tests.helpers import wait_until
 from tests.integration.support import Serve
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import messages
-from colad.device_wire import set_digest
-from colad.devices import Device, DeviceSet
-from colad.framing import HEADER
-from colad.queue_client import QueueClient
+from colad.core.devices import Device, DeviceSet
+from colad.queue import messages
+from colad.queue.client import QueueClient
+from colad.queue.device_wire import set_digest
+from colad.queue.framing import HEADER
 
 pytestmark = pytest.mark.integration
 

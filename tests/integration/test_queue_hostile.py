@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import messages
-from colad.errors import InstanceError
-from colad.framing import frame
-from colad.metrics import Metrics
-from colad.queue import MAX_PEERS, QueueServer
-from colad.queue_client import QueueClient
-from colad.socketpath import ForeignPathError, SocketRecord, claim_socket_path
+from colad.core.errors import InstanceError
+from colad.metrics.registry import Metrics
+from colad.outputs.socketpath import ForeignPathError, SocketRecord, claim_socket_path
+from colad.queue import messages
+from colad.queue.client import QueueClient
+from colad.queue.framing import frame
+from colad.queue.server import MAX_PEERS, QueueServer
 from tests.helpers import wait_until
 from tests.integration.conftest import Serve
 from tests.integration.support import Inbox, bind_socket

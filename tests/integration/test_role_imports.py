@@ -18,8 +18,8 @@ from tests.integration.test_footprint_imports import loaded
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-ROLES = {"discovery": "colad.discovery", "kubelet-watch": "colad.kubelet_watch"}
-NEVER = ("typing", "colad.queue", "colad.statefile", "colad.socketpath", "_hashlib")
+ROLES = {"discovery": "colad.discovery.main", "kubelet-watch": "colad.kubelet_watch.main"}
+NEVER = ("typing", "colad.queue.server", "colad.outputs.statefile", "colad.outputs.socketpath", "_hashlib")
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))

@@ -17,17 +17,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from colad import rpc
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import podresources_pb2 as prpb
-from colad.broadcast import DeviceBroadcast
-from colad.config import Config
-from colad.constants import UNHEALTHY
-from colad.devices import Device, DeviceSet
-from colad.metrics import Metrics
-from colad.podresources import LIST, InUseWatcher
-from colad.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents, build_server
-from colad.statefile import PluginState
+from colad.config.config import Config
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin import rpc
+from colad.deviceplugin.broadcast import DeviceBroadcast
+from colad.deviceplugin.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents, build_server
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import PluginState
+from colad.plugin.podresources import LIST, InUseWatcher
 from tests.fuzz import wire
 from tests.helpers import wait_until
 

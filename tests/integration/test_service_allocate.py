@@ -15,16 +15,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from colad import allocation, cdi, constants, log, namemap
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.broadcast import DeviceBroadcast
-from colad.constants import UNHEALTHY
-from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.metrics import Metrics
-from colad.names import CDI_MODES
-from colad.service import DevicePluginServicer, StreamEvents, build_server, to_container_response
-from colad.statefile import PluginState
+from colad.core import allocation, constants, namemap
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.core.names import CDI_MODES
+from colad.deviceplugin.broadcast import DeviceBroadcast
+from colad.deviceplugin.service import DevicePluginServicer, StreamEvents, build_server, to_container_response
+from colad.metrics.registry import Metrics
+from colad.outputs import cdi
+from colad.outputs.statefile import PluginState
+from colad.runtime import log
 
 pytestmark = pytest.mark.integration
 COLA = "myway5.com/cola"

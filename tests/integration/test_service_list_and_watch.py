@@ -19,12 +19,12 @@ import pytest
 
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import deviceplugin_pb2_grpc as pb_grpc
-from colad.broadcast import DeviceBroadcast
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceSet
-from colad.metrics import Metrics
-from colad.service import DevicePluginServicer, StreamEvents, build_server
-from colad.statefile import PluginState
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin.broadcast import DeviceBroadcast
+from colad.deviceplugin.service import DevicePluginServicer, StreamEvents, build_server
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import PluginState
 from tests.oracles import list_and_watch_bytes
 
 pytestmark = pytest.mark.integration

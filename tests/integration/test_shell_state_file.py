@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from colad import statefile
-from colad.devices import Device, DeviceSet
-from colad.endpoint import Servers
-from colad.framing import Peer
-from colad.messages import DeviceSnapshot
-from colad.plugin import STATE_FILE_INTERVAL, Plugin
-from colad.service import build_server
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin.service import build_server
+from colad.outputs import statefile
+from colad.plugin.endpoint import Servers
+from colad.plugin.main import STATE_FILE_INTERVAL, Plugin
+from colad.queue.framing import Peer
+from colad.queue.messages import DeviceSnapshot
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.integration.support import make_config

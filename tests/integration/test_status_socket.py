@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.status_socket import SEND_TIMEOUT, NoAnswer, StatusSocket, ask
+from colad.plugin.status_socket import SEND_TIMEOUT, NoAnswer, StatusSocket, ask
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration

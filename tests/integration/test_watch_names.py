@@ -21,10 +21,10 @@ from pathlib import Path
 import pyinotify
 import pytest
 
-from colad.inotify import Event, Inotify
-from colad.kubeletdir import plugin_sockets
-from colad.messages import MAX_MESSAGE_BYTES, KubeletState, encode
-from colad.watch import poll
+from colad.queue.messages import MAX_MESSAGE_BYTES, KubeletState, encode
+from colad.runtime.kubeletdir import plugin_sockets
+from colad.watchers.inotify import Event, Inotify
+from colad.watchers.loop import poll
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_signal_waker_unblocks_a_signal_that_arrived_while_blocked() -> None:
         "import os, signal\n"
         "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGTERM, signal.SIGINT})\n"
         "os.kill(os.getpid(), signal.SIGHUP)  # start-up: blocked, so pending\n"
-        "from colad.watch import SignalWaker\n"
+        "from colad.watchers.loop import SignalWaker\n"
         "got = []\n"
         "waker = SignalWaker(handlers={signal.SIGHUP: lambda s, f: got.append(s)})\n"
         "assert got == [signal.SIGHUP], got\n"

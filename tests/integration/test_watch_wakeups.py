@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from colad import watch
-from colad.config import Config
-from colad.discovery import Discovery
-from colad.kubelet_watch import KubeletWatch
-from colad.messages import DeviceSnapshot, KubeletState
-from colad.queue import QueueServer
+from colad.config.config import Config
+from colad.discovery.main import Discovery
+from colad.kubelet_watch.main import KubeletWatch
+from colad.queue.messages import DeviceSnapshot, KubeletState
+from colad.queue.server import QueueServer
+from colad.watchers import loop as watch
 from tests.helpers import wait_until
 from tests.integration.support import Serve, begin, bind_socket, make_config
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import UNHEALTHY
-from colad.device_list import fit_list
-from colad.device_wire import set_digest
-from colad.devices import Device, DeviceSet
-from colad.errors import MessageError
-from colad.framing import frame
-from colad.messages import MAX_MESSAGE_BYTES, DeviceDelta, DeviceSnapshot, encode
-from colad.queue_client import QueueClient
-from colad.snapshots import TOO_LARGE, fit_the_queue
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.core.errors import MessageError
+from colad.deviceplugin.device_list import fit_list
+from colad.queue.client import QueueClient
+from colad.queue.device_wire import set_digest
+from colad.queue.framing import frame
+from colad.queue.messages import MAX_MESSAGE_BYTES, DeviceDelta, DeviceSnapshot, encode
+from colad.queue.snapshots import TOO_LARGE, fit_the_queue
 from tests.helpers import wait_until
 from tests.integration.support import Serve
 
@@ -76,7 +76,7 @@ def _padded_snapshot(size: int) -> bytes:
 def test_a_frame_at_the_limit_is_read_and_one_over_is_refused_without_harm(
     short_tmp: Path, serve: Serve, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="colad.queue")
+    caplog.set_level(logging.DEBUG, logger="colad.queue.server")
     path = short_tmp / "q.sock"
     server, inbox = serve(path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from colad.allocation import EXACT_NUMA_SEARCH_LIMIT, ContainerAllocation, allocate, preferred
-from colad.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV, HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceNode, DeviceSet, Mount, replicate
-from colad.errors import AllocationError, ColadError
-from colad.names import REPLICA_POLICIES
+from colad.core.allocation import EXACT_NUMA_SEARCH_LIMIT, ContainerAllocation, allocate, preferred
+from colad.core.constants import COLA_DEVICES_ENV, COLA_REPLICAS_ENV, HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount, replicate
+from colad.core.errors import AllocationError, ColadError
+from colad.core.names import REPLICA_POLICIES
 
 pytestmark = pytest.mark.unit
 

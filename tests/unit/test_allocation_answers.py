@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from colad import allocation
-from colad.constants import UNHEALTHY
-from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.errors import AllocationError
-from colad.metrics import Metrics
-from colad.names import CDI_MODES
-from colad.statefile import PluginState
+from colad.core import allocation
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.core.errors import AllocationError
+from colad.core.names import CDI_MODES
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import PluginState
 
 pytestmark = pytest.mark.unit
 COLA = "myway5.com/cola"

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from colad import prestart
-from colad.allocation import allocate
-from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.errors import AllocationError
-from colad.plugin_health import Published, readiness
-from colad.statefile import ListCut, PluginState, ResourceState
+from colad.core.allocation import allocate
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.core.errors import AllocationError
+from colad.health.rule import Published, readiness
+from colad.jobs import prestart
+from colad.outputs.statefile import ListCut, PluginState, ResourceState
 
 pytestmark = pytest.mark.unit
 R = "myway5.com/cola"
@@ -278,7 +278,7 @@ def test_readiness_needs_every_resource_and_a_discovery_that_reports() -> None:
 
 
 def test_options_changed_registers_again_on_a_fresh_socket() -> None:
-    from colad import registration as reg
+    from colad.core import registration as reg
 
     registered = reg.Registration(
         started=0.0,

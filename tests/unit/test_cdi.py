@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from colad import cdi, device_rules, namemap
-from colad.devicefile import parse
-from colad.devices import Device, DeviceNode, DeviceSet, Mount, device_problem, replicate
+from colad.core import device_rules, namemap
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount, device_problem, replicate
+from colad.discovery.devicefile import parse
+from colad.outputs import cdi
 from tests.oracles import Spec, cdi_spec, spec_bytes
 
 pytestmark = pytest.mark.unit

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi
-from colad.devices import Device, DeviceNode, DeviceSet, replicate
+from colad.core.devices import Device, DeviceNode, DeviceSet, replicate
+from colad.outputs import cdi
 from tests.oracles import cdi_spec
 
 pytestmark = pytest.mark.unit

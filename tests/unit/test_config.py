@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from colad import config
-from colad.config import Config, load
-from colad.errors import ColadError, ConfigError
-from colad.names import resource_name_problem
+from colad.config import config
+from colad.config.config import Config, load
+from colad.core.errors import ColadError, ConfigError
+from colad.core.names import resource_name_problem
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_every_default_is_valid() -> None:
 
 
 def test_register_timeout_default_outlasts_kubelet_dial() -> None:
-    from colad.constants import KUBELET_DIAL_TIMEOUT_S
+    from colad.core.constants import KUBELET_DIAL_TIMEOUT_S
 
     assert Config().register_timeout > KUBELET_DIAL_TIMEOUT_S
 

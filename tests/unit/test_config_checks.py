@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from colad import device_wire, devicefile
-from colad.config import Config, Resource, load
-from colad.config_checks import PRE_START_DEADLINE
-from colad.devices import Device, DeviceSet, Mount
-from colad.errors import ConfigError
+from colad.config.checks import PRE_START_DEADLINE
+from colad.config.config import Config, Resource, load
+from colad.core.devices import Device, DeviceSet, Mount
+from colad.core.errors import ConfigError
+from colad.discovery import devicefile
+from colad.queue import device_wire
 
 pytestmark = pytest.mark.unit
 

@@ -21,13 +21,15 @@ from typing import Any
 import pytest
 from supervisor.options import UnhosedConfigParser
 
-from colad import config, constants, supervise
-from colad.config import Config, load
-from colad.config_input import MAX_CONFIG_FILE_BYTES
-from colad.errors import ConfigError
-from colad.list_size import device_entry_max_bytes, max_devices_in_list
-from colad.metrics import parse_address
-from colad.names import resource_name_problem
+from colad.config import config
+from colad.config.config import Config, load
+from colad.config.source import MAX_CONFIG_FILE_BYTES
+from colad.core import constants
+from colad.core.errors import ConfigError
+from colad.core.list_size import device_entry_max_bytes, max_devices_in_list
+from colad.core.names import resource_name_problem
+from colad.metrics.registry import parse_address
+from colad.supervise import main as supervise
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,9 @@ import tomllib
 
 import pytest
 
-from colad import config_input, devicefile
-from colad.devices import Device
+from colad.config import source as config_input
+from colad.core.devices import Device
+from colad.discovery import devicefile
 
 pytestmark = pytest.mark.unit
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.device_wire import set_digest
-from colad.devices import Device, DeviceSet
-from colad.messages import DeviceDelta, DeviceSnapshot, decode, encode
-from colad.snapshots import Receiver, Verdict, apply_delta, apply_full
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.queue.device_wire import set_digest
+from colad.queue.messages import DeviceDelta, DeviceSnapshot, decode, encode
+from colad.queue.snapshots import Receiver, Verdict, apply_delta, apply_full
 from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit

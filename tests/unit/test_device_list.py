@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.device_list import encoded_list, fit_list
-from colad.devices import Device, DeviceSet
-from colad.messages import DeviceSnapshot
-from colad.snapshots import UPSERTS, Receiver
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin.device_list import encoded_list, fit_list
+from colad.queue.messages import DeviceSnapshot
+from colad.queue.snapshots import UPSERTS, Receiver
 from tests.oracles import list_and_watch_bytes, snapshot_delta
 
 pytestmark = pytest.mark.unit

@@ -14,9 +14,9 @@ import string
 
 import pytest
 
-from colad import device_rules, namemap
-from colad.allocation import allocate
-from colad.devices import Device, DeviceSet
+from colad.core import device_rules, namemap
+from colad.core.allocation import allocate
+from colad.core.devices import Device, DeviceSet
 from tests.oracles import cdi_spec
 
 pytestmark = pytest.mark.unit

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
-from colad.device_wire import device_from_wire, device_to_wire
-from colad.devicefile import parse
-from colad.devices import Device, DeviceNode, Mount
+from colad.core.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, Mount
+from colad.discovery.devicefile import parse
+from colad.queue.device_wire import device_from_wire, device_to_wire
 
 pytestmark = pytest.mark.unit
 

@@ -13,12 +13,13 @@ import tomllib
 
 import pytest
 
-from colad import device_wire, devicefile, messages
-from colad.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
-from colad.devicedir import RACY_WINDOW_NS, racy
-from colad.devicefile import MAX_KEY_PARTS, deep_key, parse
-from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.snapshots import TOO_LARGE, fit_the_queue
+from colad.core.constants import HEALTHY, MAX_DEVICE_FILE_BYTES, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.discovery import devicefile
+from colad.discovery.devicedir import RACY_WINDOW_NS, racy
+from colad.discovery.devicefile import MAX_KEY_PARTS, deep_key, parse
+from colad.queue import device_wire, messages
+from colad.queue.snapshots import TOO_LARGE, fit_the_queue
 
 pytestmark = pytest.mark.unit
 
@@ -290,7 +291,7 @@ def test_racily_clean_rule(mtime: int, ctime: int, read: int, expected: bool) ->
 
 
 def test_a_racy_entry_is_not_trusted_and_settles_after_the_window() -> None:
-    from colad.devicedir import Cached
+    from colad.discovery.devicedir import Cached
 
     fresh = Cached.of((1, 4, 100 * S, 100 * S), Device("a"), read_ns=100 * S + 5)
     assert not fresh.trusted and fresh.settles_ns == 100 * S + RACY_WINDOW_NS + 1

@@ -9,9 +9,8 @@ import random
 
 import pytest
 
-from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, MAX_REPLICAS, UNHEALTHY
-from colad.device_wire import device_from_wire, device_to_wire
-from colad.devices import (
+from colad.core.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, MAX_REPLICAS, UNHEALTHY
+from colad.core.devices import (
     HEALTH_VALUES,
     REPLICA_SEPARATOR,
     Device,
@@ -27,6 +26,7 @@ from colad.devices import (
     replicate,
     request_id_problem,
 )
+from colad.queue.device_wire import device_from_wire, device_to_wire
 from tests.oracles import ScanResult, scan_names
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Unit tests for colad.endpoint's effect boundary: however an effect fails, the registration hears of it.
+"""Unit tests for colad.plugin.endpoint's effect boundary: however an effect fails, the registration hears of it.
 
 `Endpoint.carry_out` is the one place every effect of registration.step is carried out: a test
 endpoint whose `_execute` raises stands in for each way the real one can fail (a thread that cannot
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import registration as reg
-from colad.config import Resource
-from colad.endpoint import Context, Endpoint, Servers
-from colad.metrics import Metrics
-from colad.socketpath import SocketRecord
+from colad.config.config import Resource
+from colad.core import registration as reg
+from colad.metrics.registry import Metrics
+from colad.outputs.socketpath import SocketRecord
+from colad.plugin.endpoint import Context, Endpoint, Servers
 
 pytestmark = pytest.mark.unit
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from colad.inuse import InUse
-from colad.metrics import Metrics
-from colad.statefile import PluginState, ResourceState
+from colad.core.inuse import InUse
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import PluginState, ResourceState
 
 pytestmark = pytest.mark.unit
 DASHBOARD = Path(__file__).resolve().parents[2] / "conf" / "grafana" / "colad.json"

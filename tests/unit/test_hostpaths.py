@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import hostpaths
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devicefile import parse
-from colad.devices import Device, DeviceNode, DeviceSet, Mount, device_problem
-from colad.hostpaths import MISSING, PathState
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount, device_problem
+from colad.discovery import hostpaths
+from colad.discovery.devicefile import parse
+from colad.discovery.hostpaths import MISSING, PathState
 
 pytestmark = pytest.mark.unit
 DEV = PathState(device=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from colad import inuse
-from colad.devices import base_id
-from colad.inuse import Change, Holder
+from colad.core import inuse
+from colad.core.devices import base_id
+from colad.core.inuse import Change, Holder
 
 pytestmark = pytest.mark.unit
 

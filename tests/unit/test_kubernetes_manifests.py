@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from colad import config as config_mod
-from colad.errors import ConfigError
-from colad.metrics import parse_address
+from colad.config import config as config_mod
+from colad.core.errors import ConfigError
+from colad.metrics.registry import parse_address
 from tests.limits import plugin_fd_budget, task_budget
 
 pytestmark = pytest.mark.unit

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from colad import registration as reg
-from colad.devices import Device, DeviceSet
-from colad.endpoint import SentBroadcast
+from colad.core import registration as reg
+from colad.core.devices import Device, DeviceSet
+from colad.plugin.endpoint import SentBroadcast
 
 pytestmark = pytest.mark.unit
 

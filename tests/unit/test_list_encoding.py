@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from colad import device_list
 from colad.api import deviceplugin_pb2 as pb
-from colad.broadcast import DeviceBroadcast
-from colad.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
-from colad.devices import Device, DeviceSet, replicate
+from colad.core.constants import HEALTHY, MAX_NUMA_NODE, UNHEALTHY
+from colad.core.devices import Device, DeviceSet, replicate
+from colad.deviceplugin import device_list
+from colad.deviceplugin.broadcast import DeviceBroadcast
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from colad import log
+from colad.runtime import log
 
 pytestmark = pytest.mark.unit
 
@@ -221,7 +221,7 @@ def test_only_exception_attaches_a_traceback(capture: Capture) -> None:
 
 
 def test_records_point_at_the_caller() -> None:
-    # stacklevel: the record names the code that logged, not colad/log.py.
+    # stacklevel: the record names the code that logged, not colad/runtime/log.py.
     records: list[logging.LogRecord] = []
     cap = Capture()
     cap.handler.emit = records.append  # type: ignore[method-assign]

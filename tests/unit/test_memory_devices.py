@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, device_list, devicedir, devices
-from colad.devices import Device
+from colad.core import devices
+from colad.core.devices import Device
+from colad.deviceplugin import device_list
+from colad.discovery import devicedir
+from colad.outputs import cdi
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from colad.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
-from colad.device_wire import device_entry, device_wire_size, moved_digest, set_digest
-from colad.devices import Device, DeviceSet
-from colad.errors import ColadError, MessageError
-from colad.messages import (
+from colad.core.constants import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.core.errors import ColadError, MessageError
+from colad.queue.device_wire import device_entry, device_wire_size, moved_digest, set_digest
+from colad.queue.messages import (
     MAX_MESSAGE_BYTES,
     WIRE_VERSION,
     DeviceDelta,
@@ -24,7 +24,7 @@ from colad.messages import (
     encode,
     snapshot_size,
 )
-from colad.snapshots import SequenceTracker
+from colad.queue.snapshots import SequenceTracker
 
 pytestmark = pytest.mark.unit
 
@@ -439,7 +439,7 @@ def test_rejected_message_does_not_move_the_position() -> None:
 
 
 def test_snapshot_carries_device_details() -> None:
-    from colad.devices import DeviceNode, Mount
+    from colad.core.devices import DeviceNode, Mount
 
     device = Device(
         "cola1",
@@ -556,7 +556,7 @@ def test_digest_follows_every_change_incrementally() -> None:
 
 
 def test_reason_round_trips_and_is_not_bare() -> None:
-    from colad.devices import MAX_REASON_BYTES
+    from colad.core.devices import MAX_REASON_BYTES
 
     sick = Device("cola1", UNHEALTHY, reason="host path /dev/cola1 is missing")
     longest = Device("cola2", UNHEALTHY, reason="x" * MAX_REASON_BYTES)
@@ -573,7 +573,7 @@ def test_a_reason_change_is_a_change() -> None:
     a, b = Device("cola1", UNHEALTHY, reason="probe: exit 1"), Device("cola1", UNHEALTHY, reason="probe: exit 2")
     assert device_entry(a) != device_entry(b)
     assert set_digest([a]) != set_digest([b]) != set_digest([Device("cola1", UNHEALTHY)])
-    from colad.devices import diff
+    from colad.core.devices import diff
 
     assert diff(DeviceSet.of([a]), DeviceSet.of([b])).changed == ("cola1",)
 
@@ -606,7 +606,7 @@ def test_decode_bounds_the_reason(data: bytes, fragment: str) -> None:
 
 
 def test_clip_reason_makes_a_valid_reason() -> None:
-    from colad.devices import MAX_REASON_BYTES, clip_reason, device_problem
+    from colad.core.devices import MAX_REASON_BYTES, clip_reason, device_problem
 
     for text in ("", "fine", "first\nsecond", "\u00e9" * 600, "a\x00b", "bad \udcff byte", "x" * 5000):
         reason = clip_reason(text)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from colad.metrics import Metrics
-from colad.statefile import PluginState
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import PluginState
 
 pytestmark = pytest.mark.unit
 COLA = "myway5.com/cola"

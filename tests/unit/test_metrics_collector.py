@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from colad.inuse import InUse
-from colad.metrics import Metrics
-from colad.statefile import ListCut, PluginState, ResourceState
+from colad.core.inuse import InUse
+from colad.metrics.registry import Metrics
+from colad.outputs.statefile import ListCut, PluginState, ResourceState
 
 pytestmark = pytest.mark.unit
 

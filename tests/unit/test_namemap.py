@@ -17,15 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from colad import cdi, devices, files, namemap, nfd
-from colad.config import MAPPINGS, OUTPUTS, Config, Output, load
-from colad.errors import ConfigError
-from colad.names import resource_name_problem
+from colad.config.config import MAPPINGS, OUTPUTS, Config, Output, load
+from colad.core import devices, namemap
+from colad.core.errors import ConfigError
+from colad.core.names import resource_name_problem
+from colad.outputs import cdi, nfd
+from colad.runtime import files
 from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.unit
 
-COLAD = Path(namemap.__file__).parent
+COLAD = Path(namemap.__file__).parents[1]  # the colad package
 LONG_DOMAIN = ".".join(c * 60 for c in "abc") + "." + "d" * 50 + ".com"  # 237 characters
 assert resource_name_problem(LONG_DOMAIN + "/x") is None
 
@@ -251,13 +253,13 @@ def test_device_id_mappings_are_one_to_one_over_ids_and_replica_ids() -> None:
 # Outside namemap: functions that take a resource name or a device ID and give a name, and why each
 # needs no entry of its own.
 ELSEWHERE = {
-    ("cdi.py", "path"): "joins cdi_spec_dir and namemap.cdi_spec_file",
-    ("cdi.py", "marker"): "namemap.cdi_marker_name plus '=' and the ID",
-    ("config.py", "_spec_path"): "MAPPINGS' CDI spec file: joins cdi_spec_dir and namemap.cdi_spec_file",
-    ("resource_scan.py", "key"): "namemap.cdi_device_name",
-    ("devices.py", "base_id"): "the inverse of replica_id",
-    ("devices.py", "replica_id"): "one-to-one: an ID never holds ':' (test_device_id_mappings_are_one_to_one...)",
-    ("messages.py", "snapshot_key"): "a constant prefix and the name: one-to-one",
+    ("outputs/cdi.py", "path"): "joins cdi_spec_dir and namemap.cdi_spec_file",
+    ("outputs/cdi.py", "marker"): "namemap.cdi_marker_name plus '=' and the ID",
+    ("config/config.py", "_spec_path"): "MAPPINGS' CDI spec file: joins cdi_spec_dir and namemap.cdi_spec_file",
+    ("discovery/scan.py", "key"): "namemap.cdi_device_name",
+    ("core/devices.py", "base_id"): "the inverse of replica_id",
+    ("core/devices.py", "replica_id"): "one-to-one: an ID never holds ':' (test_device_id_mappings_are_one_to_one...)",
+    ("queue/messages.py", "snapshot_key"): "a constant prefix and the name: one-to-one",
 }
 NAME_ARGS = {"resource_name", "resource", "device_id"}
 NAME_RETURNS = {"str", "bytes", "tuple[str, ...]"}
@@ -275,8 +277,8 @@ def _deriving(tree: ast.Module) -> list[str]:
 
 def test_every_function_deriving_a_name_is_in_the_table_or_accounted_for() -> None:
     outside = {
-        (path.name, name)
-        for path in sorted(COLAD.glob("*.py"))
+        (path.relative_to(COLAD).as_posix(), name)
+        for path in sorted(COLAD.rglob("*.py"))
         if path.name != "namemap.py"
         for name in _deriving(ast.parse(path.read_text()))
     }
@@ -395,16 +397,16 @@ def test_outputs_that_share_a_directory_or_sit_below_a_device_directory_load(tmp
     assert load({}, env).cdi_spec_dir == str(tmp_path / "run")  # spec files beside the sockets
 
 
-# Joins onto a directory outside colad/config.py's path properties, and why each needs no OUTPUTS entry.
+# Joins onto a directory outside colad/config/config.py's path properties, and why each needs no OUTPUTS entry.
 JOINS_ELSEWHERE = {
-    ("cdi.py", "os.path.join(self.spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
-    ("cdi.py", "os.path.join(spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
-    ("check.py", "os.path.join(kubelet_dir, n)"): "reads the kubelet directory",
-    ("kubelet_sim.py", "os.path.join(self.cfg.kubelet_dir, request.endpoint)"): "the simulated kubelet dials",
-    ("kubelet_watch.py", "os.path.join(where, constants.KUBELET_SOCKET_NAME)"): "the kubelet's socket, read",
-    ("kubeletdir.py", "os.path.join(kubelet_dir, endpoint_name(stamp))"): "a plugin socket: kubelet_dir",
-    ("kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
-    ("plugin_sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
+    ("outputs/cdi.py", "os.path.join(self.spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
+    ("outputs/cdi.py", "os.path.join(spec_dir, cdi_spec_file(resource_name))"): "a spec file: MAPPINGS",
+    ("cli/check.py", "os.path.join(kubelet_dir, n)"): "reads the kubelet directory",
+    ("cli/kubelet_sim.py", "os.path.join(self.cfg.kubelet_dir, request.endpoint)"): "the simulated kubelet dials",
+    ("kubelet_watch/main.py", "os.path.join(where, constants.KUBELET_SOCKET_NAME)"): "the kubelet's socket, read",
+    ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, endpoint_name(stamp))"): "a plugin socket: kubelet_dir",
+    ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
+    ("plugin/sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
 }
 DIRECTORY_WORDS = ("run_dir", "kubelet_dir", "spec_dir", "constants.", "_NAME", "state/", "where")
 
@@ -419,8 +421,8 @@ def test_every_path_colad_writes_is_in_the_output_table() -> None:
         if isinstance(value, str) and value.startswith("/r/") and name != "kubelet_socket":  # the kubelet's
             assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/config.py"
     joins = {
-        (path.name, ast.unparse(node))
-        for path in sorted(COLAD.glob("*.py"))
+        (path.relative_to(COLAD).as_posix(), ast.unparse(node))
+        for path in sorted(COLAD.rglob("*.py"))
         if path.name != "config.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)

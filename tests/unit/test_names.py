@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from colad import config, names
+from colad.config import config
+from colad.core import names
 from tests.fakes.kubelet import is_extended_resource_name
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from colad import nfd
-from colad.constants import UNHEALTHY
-from colad.devices import Device, DeviceSet, replicate
+from colad.core.constants import UNHEALTHY
+from colad.core.devices import Device, DeviceSet, replicate
+from colad.outputs import nfd
 from tests.oracles import nfd_labels
 
 pytestmark = pytest.mark.unit

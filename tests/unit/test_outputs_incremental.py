@@ -14,9 +14,9 @@ import random
 
 import pytest
 
-from colad import cdi, nfd
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceNode, DeviceSet, Mount, replicate
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount, replicate
+from colad.outputs import cdi, nfd
 from tests.oracles import cdi_spec
 
 pytestmark = pytest.mark.unit

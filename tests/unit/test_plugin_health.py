@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 
-from colad import constants, procid, statefile, status
-from colad.plugin_health import Published, RoleView, assess, degraded, readiness, role_view, verdict
-from colad.statefile import ListCut, PluginState, ReloadResult, ResourceState
+from colad.cli import status
+from colad.core import constants
+from colad.health.rule import Published, RoleView, assess, degraded, readiness, role_view, verdict
+from colad.outputs import statefile
+from colad.outputs.statefile import ListCut, PluginState, ReloadResult, ResourceState
+from colad.runtime import procid
 
 pytestmark = pytest.mark.unit
 NOW = 1000.0

@@ -1,4 +1,4 @@
-"""Unit tests for colad.probes' pure parts: the reason a probe gives, and the verdict of an exit."""
+"""Unit tests for colad.jobs.probes' pure parts: the reason a probe gives, and the verdict of an exit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from colad.probes import MAX_REASON, Verdict, first_line, outcome
+from colad.jobs.probes import MAX_REASON, Verdict, first_line, outcome
 
 pytestmark = pytest.mark.unit
 

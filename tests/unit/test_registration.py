@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from colad.registration import (
+from colad.core.registration import (
     ANSWER_WITHIN,
     BACKOFF_MIN,
     EFFECTS,

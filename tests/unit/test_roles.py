@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from colad import cli, plugin_health, roles
+from colad.cli import main as cli
+from colad.core import roles
+from colad.health import rule as plugin_health
 
 pytestmark = pytest.mark.unit
 TEMPLATE = Path(__file__).resolve().parents[2] / "conf" / "supervisord.conf"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.config import Config, load
+from colad.config.config import Config, load
 
 pytestmark = pytest.mark.unit
 SAMPLE = Path(__file__).resolve().parents[2] / "conf" / "colad.toml"

@@ -13,10 +13,10 @@ import tracemalloc
 
 import pytest
 
-from colad import messages, wire_json
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceNode, DeviceSet, Mount
-from colad.messages import DeviceSnapshot
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.queue import messages, wire_json
+from colad.queue.messages import DeviceSnapshot
 
 pytestmark = pytest.mark.unit
 

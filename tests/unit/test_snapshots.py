@@ -14,10 +14,10 @@ from collections import Counter
 
 import pytest
 
-from colad.constants import HEALTHY, UNHEALTHY
-from colad.devices import Device, DeviceSet, replicate
-from colad.messages import DeviceSnapshot
-from colad.snapshots import _STATS, Receiver, SetStats, Verdict, keep_stats, stats_of
+from colad.core.constants import HEALTHY, UNHEALTHY
+from colad.core.devices import Device, DeviceSet, replicate
+from colad.queue.messages import DeviceSnapshot
+from colad.queue.snapshots import _STATS, Receiver, SetStats, Verdict, keep_stats, stats_of
 from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from colad import statefile
-from colad.statefile import ListCut, PluginState, ReloadResult, ResourceState, StateFileError, StateFileMissing
+from colad.outputs import statefile
+from colad.outputs.statefile import ListCut, PluginState, ReloadResult, ResourceState, StateFileError, StateFileMissing
 
 pytestmark = pytest.mark.unit
 
@@ -160,8 +160,8 @@ def test_write_never_raises(tmp_path: Path) -> None:
 
 
 def test_unhealthy_devices_and_their_reasons_round_trip(tmp_path: Path) -> None:
-    from colad.constants import UNHEALTHY
-    from colad.devices import Device, DeviceSet, replicate
+    from colad.core.constants import UNHEALTHY
+    from colad.core.devices import Device, DeviceSet, replicate
 
     physical = DeviceSet.of(
         [
@@ -193,8 +193,8 @@ def test_unhealthy_devices_and_their_reasons_round_trip(tmp_path: Path) -> None:
 
 
 def test_the_unhealthy_list_is_bounded_at_the_largest_list(tmp_path: Path) -> None:
-    from colad.constants import UNHEALTHY
-    from colad.devices import MAX_REASON_BYTES, Device, DeviceSet
+    from colad.core.constants import UNHEALTHY
+    from colad.core.devices import MAX_REASON_BYTES, Device, DeviceSet
 
     # 226,600 devices (the most whose list fits the kubelet's 4 MiB), all Unhealthy with the longest reason.
     count = 226_600
@@ -227,7 +227,7 @@ def test_a_foreign_unhealthy_list_is_a_typed_error(tmp_path: Path, entry: str) -
 
 
 def test_status_prints_a_line_per_unhealthy_device() -> None:
-    from colad import status
+    from colad.cli import status
 
     sick = statefile.SickList(
         (
@@ -248,7 +248,7 @@ def test_status_prints_a_line_per_unhealthy_device() -> None:
 
 
 def test_check_shows_why_each_unhealthy_device_is() -> None:
-    from colad import check
+    from colad.cli import check
 
     sick = statefile.SickList(
         (statefile.SickDevice("cola2", "probe fan: stopped\x07"), statefile.SickDevice("b", "x", True))

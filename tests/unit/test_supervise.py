@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from colad import supervise
-from colad.config import Config
-from colad.errors import ConfigError
+from colad.config.config import Config
+from colad.core.errors import ConfigError
+from colad.supervise import main as supervise
 
 pytestmark = pytest.mark.unit
 TEMPLATE = (Path(__file__).resolve().parents[2] / "conf" / "supervisord.conf").read_text()

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from colad.trust import (
+from colad.core.trust import (
     ROOT_ONLY,
     UNTRUSTED,
     chain_problem,

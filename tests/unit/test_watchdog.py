@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from colad.watchdog import BACKOFF_FIRST, RESTART_BACKOFF_MAX, STABLE_AFTER, Watchdog, raised_at
+from colad.supervise.watchdog import BACKOFF_FIRST, RESTART_BACKOFF_MAX, STABLE_AFTER, Watchdog, raised_at
 
 pytestmark = pytest.mark.unit
 ROLE = "colad:discovery"

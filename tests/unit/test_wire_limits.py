@@ -11,12 +11,12 @@ import itertools
 
 import pytest
 
-from colad.constants import HEALTHY, KUBELET_MAX_RECV_MESSAGE_BYTES, MAX_DEVICE_ID_LENGTH, UNHEALTHY
-from colad.device_list import fit_list, list_entry
-from colad.device_wire import device_entry
-from colad.devices import Device, DeviceSet
-from colad.messages import JSON_PER_PROTOBUF, MAX_MESSAGE_BYTES, DeviceSnapshot, snapshot_size
-from colad.snapshots import fit_the_queue
+from colad.core.constants import HEALTHY, KUBELET_MAX_RECV_MESSAGE_BYTES, MAX_DEVICE_ID_LENGTH, UNHEALTHY
+from colad.core.devices import Device, DeviceSet
+from colad.deviceplugin.device_list import fit_list, list_entry
+from colad.queue.device_wire import device_entry
+from colad.queue.messages import JSON_PER_PROTOBUF, MAX_MESSAGE_BYTES, DeviceSnapshot, snapshot_size
+from colad.queue.snapshots import fit_the_queue
 
 pytestmark = pytest.mark.unit
 NUMA = [(), (0,), (1,), (127,), (128,), (1023,), (0, 1), tuple(range(64)), tuple(range(960, 1024))]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from colad import prestart
-from colad.devices import Device, DeviceSet, replicate
-from colad.messages import DeviceSnapshot, decode, encode
+from colad.core.devices import Device, DeviceSet, replicate
+from colad.jobs import prestart
+from colad.queue.messages import DeviceSnapshot, decode, encode
 
 pytestmark = pytest.mark.unit
 R = "example.com/cola"

@@ -1,0 +1,98 @@
+"""Role `colad kubelet-watch`: tells the plugin when the kubelet directory changes under it.
+
+Watches the kubelet's device-plugins directory (inotify): a restarting kubelet deletes every
+plugin socket, then creates kubelet.sock anew; its checkpoint rewrites are ignored. On every
+change and reconnect it sends a bare KubeletState; the plugin re-checks the directory itself
+before acting: this role says "look". (kubelet.sock's identity, colad's sockets) only skips repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from colad.config import config as config_mod
+from colad.config.config import Config
+from colad.core import constants
+from colad.core.roles import KUBELET_WATCH
+from colad.queue import messages
+from colad.queue.client import QueueClient
+from colad.runtime import log
+from colad.runtime.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
+from colad.watchers import loop as watch
+from colad.watchers.inotify import Event
+
+LOG = log.get(__name__)
+
+KUBELET_DIR_EVENTS = watch.DIR_CHANGE_EVENTS
+
+
+class KubeletWatch(watch.WatcherLoop):
+    """The watcher role's loop: inotify on the kubelet directory, a KubeletState on every change."""
+
+    def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
+        super().__init__(cfg, KUBELET_WATCH.name, client=client)
+        self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
+        self.last: tuple[str, tuple[str, ...]] | None = None
+
+    def relevant(self, event: Event) -> bool:
+        if event.overflow or event.mask & watch.SELF_GONE:
+            return True
+        if not self.kubelet_dir.concerns(event):
+            return False
+        name = event.name
+        # Everything else (the checkpoint and its dot-prefixed temp file) is churn.
+        return not name or name == constants.KUBELET_SOCKET_NAME or is_plugin_socket_name(name)
+
+    def look(self, reason: str) -> None:
+        where = self.kubelet_dir.path  # the directory watched, as resolved at its last look
+        state = (socket_identity(os.path.join(where, constants.KUBELET_SOCKET_NAME)), plugin_sockets(where))
+        if state == self.last:
+            return
+        previous, self.last = self.last, state
+        seq = self.next_seq()
+        self.stats.count("changes.kubelet_socket" if previous and previous[0] != state[0] else "changes.sockets")
+        if previous is None or previous[0] != state[0]:
+            LOG.info(
+                "kubelet socket " + ("present" if state[0] else "absent"),
+                reason=reason,
+                socket=self.cfg.kubelet_socket,
+                identity=state[0] or "-",
+            )
+        else:
+            LOG.info("plugin sockets changed", reason=reason, sockets=",".join(state[1]) or "-")
+        self.client.publish(messages.KubeletState(self.epoch, seq))
+
+    def step(self, timeout: float | None) -> None:
+        events = self.wait(timeout)
+        if events is None:
+            return
+        reason = None
+        for event in events:
+            self.kubelet_dir.note(event)
+            if self.relevant(event):
+                reason = "overflow" if event.overflow else "inotify"
+        if self.kubelet_dir.ensure():
+            reason = reason or "directory changed"
+        if reason or self.degraded is not None:  # degraded: each turn (at most DEGRADED_POLL_S) looks
+            self.look(reason or "poll")
+        self.finish(time.monotonic())
+
+    def timeout(self) -> float | None:
+        due = self.due()
+        return None if not due else max(0.0, min(due) - time.monotonic())
+
+    def run(self) -> int:
+        self.run_dir.ensure()
+        self.kubelet_dir.ensure()
+        self.look("start")
+        while not self.stopping:
+            self.step(self.timeout())
+        self.close()
+        LOG.info("kubelet watcher stopped")
+        return 0
+
+
+def main(args: object = None, cfg: Config | None = None) -> int:
+    cfg = cfg or config_mod.load()
+    return watch.run_role(KUBELET_WATCH.name, lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)
