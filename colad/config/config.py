@@ -586,7 +586,7 @@ def collisions(cfg: Config, refused: Collection[str] = ()) -> list[str]:
     """Problem texts for every two owners (configured resources, colad's own outputs) that one mapping,
     or two of one space, would send to the same value; for every derived value that cannot be used;
     and for every output of colad that discovery would list as a device. Paths are compared where
-    they lead now (colad.dirpath), a CDI spec file's case-folded too.
+    they lead now (colad.runtime.dirpath), a CDI spec file's case-folded too.
     `refused`: config keys whose value was refused (entries that read them are left out)."""
     owners: dict[tuple[str, str], tuple[str, str]] = {}  # (space, value compared) -> (who, value), in words
     problems: list[str] = []

@@ -209,7 +209,7 @@ class SpecWriter:
         path = self.path(resource_name)
         if holds(path, data):
             return False
-        # Runtimes read specs as root; nothing in one is secret to root. No fsync (colad.files): the
+        # Runtimes read specs as root; nothing in one is secret to root. No fsync (colad.runtime.files): the
         # directory is tmpfs by default and every spec is checked against its file again at start, before
         # the kubelet can hear of a device; fsync and mkstemp were most of a one-device change's CPU.
         files.replace(path, data, 0o644, 0o755)

@@ -1,4 +1,4 @@
-"""colad.kubeletdir: colad's socket names, fresh endpoints, and the one liveness probe.
+"""colad.runtime.kubeletdir: colad's socket names, fresh endpoints, and the one liveness probe.
 
 Sockets are real AF_UNIX sockets bound in tmp_path: a listening one is LIVE, a
 bound-then-closed one (the file a dead process leaves) and a missing one DEAD.

@@ -1,4 +1,4 @@
-"""Unit tests for colad.allocation: Allocate validation and GetPreferredAllocation policy."""
+"""Unit tests for colad.core.allocation: Allocate validation and GetPreferredAllocation policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests for colad.cdi: generated specs against the published CDI JSON schema and version rules.
+"""Unit tests for colad.outputs.cdi: generated specs against the published CDI JSON schema and version rules.
 
 The schema is a verbatim copy (tests/schemas/README.md names the upstream commit). Its devices,
 and the version rules of specs-go/version.go restated below, are checked over whole classes of

@@ -1,4 +1,4 @@
-"""Unit tests for colad.devicefile: the device file format (docs/DEVICES.md)."""
+"""Unit tests for colad.discovery.devicefile: the device file format (docs/DEVICES.md)."""
 
 from __future__ import annotations
 

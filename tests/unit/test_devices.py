@@ -1,4 +1,4 @@
-"""Unit tests for colad.devices: device-ID rules, the devices a listing makes, DeviceSet and diff()."""
+"""Unit tests for colad.core.devices: device-ID rules, the devices a listing makes, DeviceSet and diff()."""
 
 from __future__ import annotations
 

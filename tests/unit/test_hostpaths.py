@@ -1,4 +1,4 @@
-"""Unit tests for colad.hostpaths: a device whose host paths are missing is Unhealthy, with a reason.
+"""Unit tests for colad.discovery.hostpaths: a device whose host paths are missing is Unhealthy, with a reason.
 
 The rule is tested as a table over PathState maps; the shell once on a real directory tree in
 tmp_path with a real character device (mknod 1:3), both ways: removed -> Unhealthy, restored ->

@@ -1,4 +1,4 @@
-"""Unit tests for colad.messages: wire round trips, strict decoding; and snapshots.SequenceTracker."""
+"""Unit tests for colad.queue.messages: wire round trips, strict decoding; and snapshots.SequenceTracker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests for colad.nfd: the feature file's contents, as NFD's local source reads them, and its writer."""
+"""Unit tests for colad.outputs.nfd: the feature file's contents, as NFD's local source reads them, and its writer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests for colad.registration: the life cycle as a table of (state, event) -> (state, effects).
+"""Unit tests for colad.core.registration: the life cycle as a table of (state, event) -> (state, effects).
 
 Each row names the edge and, where an end-to-end or chaos test covers it as well, that test.
 States are built from a few named fixtures below; `now` is 100.0 unless a row says otherwise.

@@ -1,4 +1,4 @@
-"""colad.statefile: the plugin's state file round-trips, keeps the keys its readers know, and fails typed.
+"""colad.outputs.statefile: the plugin's state file round-trips, keeps the keys its readers know, and fails typed.
 
 Written with the real writer into tmp_path and read back with the real reader;
 the flat one-resource shape from before [[resources]] is still understood.
