@@ -77,3 +77,12 @@ def test_where_names_the_raising_line_without_a_traceback() -> None:
         where = raised_at(exc)
     assert where.startswith("test_watchdog.py:") and "\n" not in where
     assert raised_at(ValueError("never raised")) == "-"
+
+
+def test_the_entry_point_an_installed_supervisord_conf_names_still_resolves() -> None:
+    """An upgraded .deb keeps /etc/colad/supervisord.conf (a conffile), which names the watchdog's
+    entry point of before the package layout; supervisord resolves it as the new one."""
+    from supervisor.options import ServerOptions  # noqa: PLC0415 - supervisord's own resolver
+
+    old = ServerOptions().import_spec("colad.watchdog:make_rpcinterface")
+    assert old is ServerOptions().import_spec("colad.supervise.watchdog:make_rpcinterface")
