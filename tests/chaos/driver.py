@@ -254,7 +254,7 @@ class Chaos:
     def sigkill_supervisord(self) -> None:
         self.colad.kill("supervisord")
         assert self.colad.proc is not None
-        self.colad.runtime.proc.wait(10)
+        self.colad.proc.wait(10)
         self.change_devices()
         self.colad.start()  # systemd's Restart=on-failure
 

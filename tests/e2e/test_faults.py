@@ -36,7 +36,7 @@ def test_supervisord_sigkill_takes_the_roles_down_and_a_new_start_recovers(
     for pid in children:  # PR_SET_PDEATHSIG: no orphan keeps the sockets
         wait_until(lambda pid=pid: not _alive(pid), 10, f"role pid {pid} to exit with supervisord")
     assert colad.proc is not None
-    colad.runtime.proc.wait(10)
+    colad.proc.wait(10)
     colad.add("while-down")
     colad.start()  # what systemd's Restart=on-failure does
     kubelet.wait_registered(count=2, timeout=15)

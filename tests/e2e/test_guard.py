@@ -75,13 +75,13 @@ def test_supervisord_killed_unasked_is_reported(colad: ColadService, kubelet: Fa
     pid = colad.supervisord_pid()
     os.kill(pid, signal.SIGKILL)
     assert colad.proc is not None
-    colad.runtime.proc.wait(10)
+    colad.proc.wait(10)
     colad.start()
     problems = colad.take_problems()
     assert any(f"role supervisord exited (rc -9) without the test asking: pid {pid}" in p for p in problems), problems
     # Declared, the same fault passes.
     colad.kill("supervisord")
-    colad.runtime.proc.wait(10)
+    colad.proc.wait(10)
     colad.start()
     assert colad.take_problems() == []
 

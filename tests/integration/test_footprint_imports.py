@@ -48,7 +48,7 @@ def loaded(module: str, tmp_path: Path, config_text: str = "") -> set[str]:
     (tmp_path / "colad.toml").write_text(config_text)
     code = (
         f"import sys, colad.cli.main, {module}\n"
-        "from colad import config\n"
+        "from colad.config import config\n"
         "config.load({})\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )
@@ -71,13 +71,22 @@ SUPERVISORD_LOADS = (
     "import supervisor.supervisord, supervisor.http, supervisor.rpcinterface, supervisor.xmlrpc, supervisor.web"
 )
 # The watchdog runs inside supervisord for the node's whole life: the log format (stdlib logging) and itself.
-WATCHDOG_ADDS = {"colad", "colad.log", "colad.supervise.watchdog", "logging", "atexit", "encodings.unicode_escape"}
+WATCHDOG_ADDS = {
+    "colad",
+    "colad.runtime",
+    "colad.runtime.log",
+    "colad.supervise",
+    "colad.supervise.watchdog",
+    "logging",
+    "atexit",
+    "encodings.unicode_escape",
+}
 
 
 def test_the_watchdog_adds_to_supervisord_only_itself_and_the_log_format() -> None:
     code = (
         f"import sys\n{SUPERVISORD_LOADS}\nbefore = set(sys.modules)\n"
-        "from colad import watchdog\n"
+        "from colad.supervise import watchdog\n"
         "watchdog.make_rpcinterface(object(), 'INFO')\n"  # subscribes, logs its first line
         "print('MODULES', ' '.join(sorted(set(sys.modules) - before)))\n"
     )

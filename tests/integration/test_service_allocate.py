@@ -104,7 +104,7 @@ def expected_line(result: allocation.ContainerAllocation, check: bool) -> str:
 
 
 def test_kept_answers_are_the_fresh_ones_with_the_same_lines(served: Served, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="colad.service")
+    caplog.set_level(logging.INFO, logger="colad.deviceplugin.service")
     for check in (False, True):
         for _ in range(3):  # the first works each answer out, the others find it kept
             for containers in REQUESTS:
