@@ -1,4 +1,4 @@
-"""The watchdog inside supervisord (colad/watchdog.py, [rpcinterface:colad]), under the real supervisord.
+"""The watchdog inside supervisord (colad/supervise/watchdog.py, [rpcinterface:colad]), under the real supervisord.
 
 A role whose command keeps failing goes FATAL; the watchdog starts it again after 10 s, then 20 s,
 while `colad status` and /healthz name it; once its command works it stays. A callback that raises

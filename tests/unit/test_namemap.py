@@ -283,7 +283,7 @@ def test_every_function_deriving_a_name_is_in_the_table_or_accounted_for() -> No
         for name in _deriving(ast.parse(path.read_text()))
     }
     assert outside == set(ELSEWHERE), (
-        "a new derived name: give it a function in colad/namemap.py and a NameMapping in colad/config.py"
+        "a new derived name: give it a function in colad/core/namemap.py and a NameMapping in colad/config/config.py"
     )
     inside = {
         name
@@ -419,7 +419,7 @@ def test_every_path_colad_writes_is_in_the_output_table() -> None:
     for name, prop in inspect.getmembers(Config, lambda m: isinstance(m, property)):
         value = prop.fget(sample)
         if isinstance(value, str) and value.startswith("/r/") and name != "kubelet_socket":  # the kubelet's
-            assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/config.py"
+            assert value in tabled, f"Config.{name} is a path colad writes: give it an Output in colad/config/config.py"
     joins = {
         (path.relative_to(COLAD).as_posix(), ast.unparse(node))
         for path in sorted(COLAD.rglob("*.py"))

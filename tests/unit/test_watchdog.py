@@ -1,4 +1,4 @@
-"""The watchdog's pure core (colad/watchdog.py): when a FATAL role is started again.
+"""The watchdog's pure core (colad/supervise/watchdog.py): when a FATAL role is started again.
 
 The back-off starts at 10 s, doubles per FATAL in a row up to 10 min, and starts over once the
 role ran STABLE_AFTER; each start is handed out once. The glue inside supervisord is tested
