@@ -60,6 +60,21 @@ def purity_problems(graph: Graph, pure: tuple[str, ...], allowed: tuple[str, ...
     return missing or imports_outside(graph, pure, allowed)
 
 
+def unresolved_problems(graph: Graph, root: str) -> list[str]:
+    """Imports of `root`'s own modules that name no module of it (a module moved or renamed)."""
+    return [
+        f"{module}:{imp.line} imports {imp.target}, which does not exist"
+        for module in sorted(graph.imports)
+        for imp in graph.imports[module]
+        if imp.target.startswith(f"{root}.") and imp.target not in graph.imports
+    ]
+
+
+def test_every_import_of_a_colad_module_names_one_that_exists() -> None:
+    """A lazy import of a moved module fails only when its code path runs: found here at once."""
+    assert unresolved_problems(scan(COLAD), "colad") == []
+
+
 def test_colad_has_no_import_cycle() -> None:
     assert cycle_problems(scan(COLAD)) == []
 
@@ -96,6 +111,22 @@ def test_a_cycle_through_lazy_and_type_checking_imports_is_reported_with_its_pat
     assert cycle_problems(scan(pkg)) == [
         "pkg.a (line 1) -> pkg.b (line 5) -> pkg.c (line 3) -> pkg.a",
         "pkg.e (line 2) -> pkg.f (line 1) -> pkg.e",
+    ]
+
+
+def test_an_import_of_a_module_that_is_gone_is_reported(tmp_path: Path) -> None:
+    pkg = package(
+        tmp_path,
+        {
+            "a": "def f():\n    import pkg.moved  # noqa\n",
+            "b": "from pkg.gone import x\nfrom pkg import a\n",
+            "c": "import importlib\nimportlib.import_module('pkg.old')\n",
+        },
+    )
+    assert unresolved_problems(scan(pkg), "pkg") == [
+        "pkg.a:2 imports pkg.moved, which does not exist",
+        "pkg.b:1 imports pkg.gone, which does not exist",
+        "pkg.c:2 imports pkg.old, which does not exist",
     ]
 
 
