@@ -1,7 +1,7 @@
 """`colad status`: each process' state, whether the plugin is registered, the device count, and who holds each device.
 
 Reads supervisord's XML-RPC on <run_dir>/supervisor.sock and asks the plugin itself on its status
-socket (status_socket.py): its verdict is the one /healthz gives (plugin_health.assess). Only when the
+socket (status_socket.py): its verdict is the one /healthz gives (colad.health.rule.assess). Only when the
 plugin cannot be asked is its state file shown, with its age and writer, and never as healthy. Also
 reads the in-use view (state/inuse.json), which never changes the exit code: 0 healthy (as /healthz
 200); 1 degraded; 3 colad is not running; 4 starting: not registered yet, for no reason but the start.

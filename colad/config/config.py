@@ -658,7 +658,7 @@ def _in_device_dirs(cfg: Config, paths: list[tuple[str, str, str, bool, bool]]) 
             ]
         for who, real in found:
             if who in ("run_dir", "kubelet_dir (the plugin sockets)"):
-                continue  # config_checks.alias_problems refuses these already
+                continue  # config.checks.alias_problems refuses these already
             problems.append(
                 f"{who} {real!r} is in the device directory {device_dir!r} of resource {resource.name!r},"
                 " where colad's own files would be listed as devices"

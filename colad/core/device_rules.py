@@ -2,7 +2,7 @@
 
 Each `*_problem` returns why a value would be refused downstream (by the kubelet, the container
 runtime or a CDI parser) or None; devices.device_problem applies them field by field, and
-config_checks reuses the command rule. The CDI device name is built and split here only. `show`
+colad.config.checks reuses the command rule. The CDI device name is built and split here only. `show`
 and `one_line` put any value into a problem text (config, queue messages, probes too). Pure: no
 I/O, no logging.
 """

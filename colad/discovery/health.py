@@ -1,7 +1,7 @@
 """Health and outputs for `colad discovery`: what the kubelet is told of each device.
 
 Reads: each device's host paths (hostpaths.py, watched by inotify) and its probe verdicts
-(probes.py), through each resource's overlay (resource_scan.DeviceHealth). Writes: each
+(probes.py), through each resource's overlay (colad.discovery.scan.DeviceHealth). Writes: each
 resource's CDI spec (cdi.py) and the NFD feature file (nfd.py). `HealthOutputs` is the part of
 the Discovery loop (colad/discovery/main.py) that follows host paths and probes and writes the files.
 """

@@ -59,7 +59,7 @@ def supervisor_proxy(socket_path: str, timeout: float = 10.0) -> Any:
 
 
 class RoleHealth:
-    """For the plugin's health: supervisord's view of colad's processes (`plugin_health.role_view`).
+    """For the plugin's health: supervisord's view of colad's processes (`colad.health.rule.role_view`).
 
     Asked over XML-RPC with a short timeout and cached briefly. A plugin that is not a
     child of the supervisord of its run directory (run alone, as the integration tests

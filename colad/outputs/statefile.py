@@ -146,7 +146,7 @@ class PluginState:
     healthy: bool | None = None  # the /healthz verdict, when the writer computed one
     health: str = ""
     kubelet: str = ""  # identity of kubelet.sock as the plugin last saw it by stat() ("" absent)
-    degraded: tuple[str, ...] = ()  # roles polling for an inotify limit, one text each (plugin_health.degraded)
+    degraded: tuple[str, ...] = ()  # roles polling for an inotify limit, one text each (colad.health.rule.degraded)
 
     def waiting(self) -> ResourceState | None:
         """The first resource not registered, else the first: the flat top-level fields describe it."""
