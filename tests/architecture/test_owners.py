@@ -23,9 +23,6 @@ ALLOWED = {
 # Names that mean different things in different modules: each entry says what they are. A name
 # leaves this table when it has one owner (test_every_shared_word_is_still_shared keeps it honest).
 SHARED_WORDS = {
-    "Event": "an inotify event (inotify), a plugin life-cycle event (plugin_events), a registration input",
-    "Probe": "the answer of a kubelet socket dial (kubeletdir), a device's health command (probes)",
-    "Verdict": "the plugin's health (plugin_health), a probe's result (probes), a snapshot's fate (snapshots)",
     "Step": "one prepare command run (prestart), one registration transition (registration)",
     "check": "`colad check`'s flags (cli_args: named after the command), the host paths of a device set (hostpaths)",
     "diff": "two device sets (devices), two in-use views (inuse)",

@@ -56,10 +56,10 @@ def test_dial_tells_live_from_dead(short_tmp: Path) -> None:
     live = _bound(short_tmp / "live.sock", listen=True)
     _bound(short_tmp / "stale.sock", listen=False).close()
     try:
-        assert kubeletdir.dial(str(short_tmp / "live.sock"), 1.0) == kubeletdir.Probe(Dial.LIVE)
+        assert kubeletdir.dial(str(short_tmp / "live.sock"), 1.0) == kubeletdir.SocketProbe(Dial.LIVE)
         stale = kubeletdir.dial(str(short_tmp / "stale.sock"), 1.0)
-        assert (stale.verdict, stale.reason) == (Dial.DEAD, "connection refused")
-        assert kubeletdir.dial(str(short_tmp / "none.sock"), 1.0) == kubeletdir.Probe(Dial.DEAD, "no such file")
+        assert (stale.answer, stale.reason) == (Dial.DEAD, "connection refused")
+        assert kubeletdir.dial(str(short_tmp / "none.sock"), 1.0) == kubeletdir.SocketProbe(Dial.DEAD, "no such file")
         assert kubeletdir.dial("bad\0path", 1.0).dead
     finally:
         live.close()
