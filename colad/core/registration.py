@@ -277,7 +277,6 @@ Effect = (
 )
 
 
-Step = tuple[Registration, list[Effect]]
 EFFECTS: tuple[type, ...] = typing.get_args(Effect)
 
 
@@ -287,7 +286,7 @@ def effect_name(effect: Effect | type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
 
 
-def step(state: Registration, event: Event, now: float) -> Step:
+def step(state: Registration, event: Event, now: float) -> tuple[Registration, list[Effect]]:
     """The one transition function: the next state and the effects, in the order they must run."""
     if state.phase is Phase.STOPPED:
         return state, []

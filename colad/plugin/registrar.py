@@ -30,7 +30,7 @@ from colad.plugin.events import Call, CallDone, EmptyListSent, ListSent, StopReq
 from colad.queue.messages import DeviceSnapshot
 from colad.queue.snapshots import keep_stats, stats_of
 from colad.runtime import dirpath, log
-from colad.runtime.kubeletdir import fresh_endpoint, socket_identity
+from colad.runtime.kubeletdir import fresh_socket_path, socket_identity
 
 LOG = log.get(__name__)
 SHUTDOWN_GRACE = 1.0  # seconds the server waits at shutdown for ended streams to flush (normally ms)
@@ -210,7 +210,7 @@ class ResourceRegistrar:
     def _serve(self, generation: int) -> reg.Served:
         """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
         os.makedirs(self.ctx.kubelet_dir, mode=0o750, exist_ok=True)
-        path = fresh_endpoint(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
+        path = fresh_socket_path(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
         post, name = self.ctx.post, self.name
 
         broadcast = self.broadcast

@@ -39,7 +39,7 @@ def endpoint_name(stamp_ms: int) -> str:
     return f"{constants.PLUGIN_SOCKET_PREFIX}{stamp_ms}{constants.PLUGIN_SOCKET_SUFFIX}"
 
 
-def fresh_endpoint(kubelet_dir: str, now: float, taken: Collection[str] = ()) -> str:
+def fresh_socket_path(kubelet_dir: str, now: float, taken: Collection[str] = ()) -> str:
     """The path of an unused plugin socket: the kubelet keys endpoints by path, so never reuse one.
 
     Named after `now` (wall seconds) in milliseconds, counted up past any name that

@@ -40,8 +40,8 @@ def test_endpoint_names_are_ours() -> None:
 def test_fresh_endpoint_skips_names_on_disk_and_taken(tmp_path: Path) -> None:
     (tmp_path / "colad-1000.sock").write_text("")
     taken = {str(tmp_path / "colad-1001.sock")}
-    assert kubeletdir.fresh_endpoint(str(tmp_path), 1.0, taken) == str(tmp_path / "colad-1002.sock")
-    assert kubeletdir.fresh_endpoint(str(tmp_path), 2.0) == str(tmp_path / "colad-2000.sock")
+    assert kubeletdir.fresh_socket_path(str(tmp_path), 1.0, taken) == str(tmp_path / "colad-1002.sock")
+    assert kubeletdir.fresh_socket_path(str(tmp_path), 2.0) == str(tmp_path / "colad-2000.sock")
 
 
 def _bound(path: Path, *, listen: bool) -> socket.socket:

@@ -182,7 +182,7 @@ def test_status_without_an_answer_shows_the_file_as_not_live_and_never_healthy(
     assert report["source"]["live"] is False and note in report["source"]["writer"], report["source"]
     assert status.exit_code({"running": True, **report}) == 1
     assert any("plugin not answering: no answer within 3s" in p for p in report["problems"])
-    text = status.render({**report, "in_use": None})
+    text = status.render_status({**report, "in_use": None})
     assert (
         "NOT LIVE" in text
         and "registered: yes (registered since" in text
@@ -206,7 +206,7 @@ def test_an_unreadable_state_file_is_no_source_and_no_health(tmp_path: Path, con
     assert report["source"]["live"] is False and "plugin.json" in report["source"]["note"]
     assert report.get("plugin") is None
     assert status.exit_code({"running": True, **report}) == 4  # the plugin is in its startsecs: waiting
-    assert "none: the plugin does not answer" in status.render({**report, "in_use": None})
+    assert "none: the plugin does not answer" in status.render_status({**report, "in_use": None})
 
 
 @pytest.mark.parametrize(
