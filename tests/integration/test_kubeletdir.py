@@ -37,7 +37,7 @@ def test_endpoint_names_are_ours() -> None:
     assert kubeletdir.is_plugin_socket_name(kubeletdir.endpoint_name(1_700_000_000_000))
 
 
-def test_fresh_endpoint_skips_names_on_disk_and_taken(tmp_path: Path) -> None:
+def test_fresh_socket_path_skips_names_on_disk_and_taken(tmp_path: Path) -> None:
     (tmp_path / "colad-1000.sock").write_text("")
     taken = {str(tmp_path / "colad-1001.sock")}
     assert kubeletdir.fresh_socket_path(str(tmp_path), 1.0, taken) == str(tmp_path / "colad-1002.sock")
