@@ -2,7 +2,7 @@
 
 Each one is written from its contract, not from the production code, and is used only by
 tests (and bench/) to check the production answer: the devices a listing of names makes,
-the CDI spec of a set (cdi.encode's bytes must be its encode()), the delta between two sets
+the CDI spec of a set (cdi.encode_spec's bytes must be its encode()), the delta between two sets
 (snapshots.moved_delta's, computed from diff()), the ListAndWatch message protobuf itself builds
 from a set, and the labels NFD reads from a feature file.
 """

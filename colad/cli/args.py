@@ -1,5 +1,6 @@
 """Extra command-line flags of the operator subcommands (the roles take only config flags).
 
+`<command>_flags(parser)` adds the flags of `colad <command>`; cli.main looks it up by that name.
 Kept apart from the subcommand modules so `colad --help` imports nothing heavy.
 """
 
@@ -33,11 +34,11 @@ def _socket_path(text: str) -> str:
     return text
 
 
-def status(parser: argparse.ArgumentParser) -> None:
+def status_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def kubelet_sim(parser: argparse.ArgumentParser) -> None:
+def kubelet_sim_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allocate",
         type=int,
@@ -56,7 +57,7 @@ def kubelet_sim(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check(parser: argparse.ArgumentParser) -> None:
+def check_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument(
         "--socket",

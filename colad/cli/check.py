@@ -123,7 +123,7 @@ def judge(reports: list[SocketReport], where: str) -> tuple[int, str]:
     )
 
 
-def to_json(reports: list[SocketReport], code: int, reason: str) -> dict[str, Any]:
+def reports_json(reports: list[SocketReport], code: int, reason: str) -> dict[str, Any]:
     sockets = []
     for r in reports:
         body = asdict(r)
@@ -143,7 +143,7 @@ def _allocate_text(device: DeviceReport) -> str:
     return f"ok {envs} mounts={len(result.mounts)} device_nodes={len(result.devices)} cdi={len(result.cdi_devices)}"
 
 
-def render(reports: list[SocketReport], reason: str) -> str:
+def render_reports(reports: list[SocketReport], reason: str) -> str:
     lines: list[str] = []
     for r in reports:
         lines += [f"socket:    {r.socket}", f"resource:  {r.resource}"]
@@ -342,9 +342,9 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
         reports.append(report)
     code, reason = judge(reports, where)
     if getattr(args, "json", False):
-        print(json.dumps(to_json(reports, code, reason), indent=2, sort_keys=True))
+        print(json.dumps(reports_json(reports, code, reason), indent=2, sort_keys=True))
     elif reports:
-        print(render(reports, reason))
+        print(render_reports(reports, reason))
     sys.stdout.flush()
     if code != EXIT_OK:
         print(f"colad check: {reason}", file=sys.stderr)

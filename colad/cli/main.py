@@ -58,7 +58,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command in COMMANDS and name != command:
             continue
         child = sub.add_parser(name, parents=[common], help=text, description=text)
-        extra = getattr(importlib.import_module("colad.cli.args"), name.replace("-", "_"), None)
+        extra = getattr(importlib.import_module("colad.cli.args"), name.replace("-", "_") + "_flags", None)
         if extra is not None:
             extra(child)
     return parser

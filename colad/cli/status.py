@@ -158,7 +158,7 @@ def exit_code(report: dict[str, Any]) -> int:
     return EXIT_STARTING if report.get("waiting") else 0
 
 
-def render(report: dict[str, Any]) -> str:
+def render_status(report: dict[str, Any]) -> str:
     lines = [f"{'PROCESS':<15}{'STATE':<10}{'PID':>8}  UPTIME"]
     for name, info in sorted(report["processes"].items()):
         lines.append(f"{name:<15}{info['state']:<10}{info['pid']:>8}  {int(info['uptime'])}s")
@@ -247,6 +247,6 @@ def main(args: Any = None, cfg: Config | None = None) -> int:
     if getattr(args, "json", False):
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
-        print(render(report))
+        print(render_status(report))
     sys.stdout.flush()
     return exit_code(report)

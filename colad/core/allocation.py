@@ -67,7 +67,7 @@ def allocate(
       values, in order of first appearance, joined with ",".
 
     With `cdi_mode` "both", each requested ID that is a CDI device of the spec colad writes
-    (cdi.encode: the resource a CDI kind, the ID a CDI name) also gets its CDI name
+    (cdi.encode_spec: the resource a CDI kind, the ID a CDI name) also gets its CDI name
     `<resource_name>=<id>`, first among the CDI names. With "only", such a device contributes
     its CDI name in place of its device nodes, mounts and envs (the spec carries them); COLA_*,
     annotations and the device files' own cdi_devices stay, and a device without a CDI name
@@ -152,7 +152,7 @@ def answer(
 
 
 def _in_spec(resource_name: str, device: Device) -> bool:
-    """Whether cdi.encode puts `device` into the resource's spec, so its CDI name resolves."""
+    """Whether cdi.encode_spec puts `device` into the resource's spec, so its CDI name resolves."""
     return namemap.cdi_kind_problem(resource_name) is None and cdi_device_name_problem(device.device_id) is None
 
 

@@ -118,7 +118,7 @@ def rows(view: Holders) -> list[dict[str, str]]:
     ]
 
 
-def published(view: Holders, resources: Iterable[str]) -> InUse:
+def in_use_of(view: Holders, resources: Iterable[str]) -> InUse:
     """The view of the served `resources` as an up InUse snapshot."""
     counts = tuple(sorted(in_use_counts(view, resources).items()))
     holders = tuple((r["resource"], r["device_id"], r["namespace"], r["pod"], r["container"]) for r in rows(view))

@@ -1,7 +1,7 @@
 """The registration life cycle of one resource, as a pure state machine.
 
 `step(state, event, now)` returns the next frozen `Registration` and the typed effects the
-plugin shell (endpoint.py) must carry out: stop or start a server, send or cancel Register, send
+plugin shell (registrar.py) must carry out: stop or start a server, send or cancel Register, send
 the kubelet an empty list. The shell posts what it observed back as events, and an effect it
 could not carry out as `EffectFailed`: no effect can leave a resource waiting for ever. No I/O,
 clocks, logging or metrics here; every edge is a row in tests/unit/test_registration.py.
@@ -277,7 +277,6 @@ Effect = (
 )
 
 
-Step = tuple[Registration, list[Effect]]
 EFFECTS: tuple[type, ...] = typing.get_args(Effect)
 
 
@@ -287,7 +286,7 @@ def effect_name(effect: Effect | type) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
 
 
-def step(state: Registration, event: Event, now: float) -> Step:
+def step(state: Registration, event: Event, now: float) -> tuple[Registration, list[Effect]]:
     """The one transition function: the next state and the effects, in the order they must run."""
     if state.phase is Phase.STOPPED:
         return state, []

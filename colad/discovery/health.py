@@ -221,7 +221,7 @@ class HealthOutputs:
         if self.spec_writer is None or rw.current is None:
             return
         name, writer = rw.resource.name, self.spec_writer
-        data = cdi.encode(name, rw.current, rw.resource.replicas)  # cdi.build's bytes, from kept entries
+        data = cdi.encode_spec(name, rw.current, rw.resource.replicas)  # cdi.build's bytes, from kept entries
         self._write(f"cdi {name}", writer.path(name), lambda: writer.write_bytes(name, data))
 
     def _spec_before_publish(
@@ -276,7 +276,7 @@ class HealthOutputs:
             (rw.resource.name, nfd.Counts(len(rw.current or ()), len(rw.current or ()) - rw.unhealthy))
             for rw in self.watches.values()
         ]
-        data = nfd.render(sets, self.cfg.nfd_label_prefix, self.nfd_expires)
+        data = nfd.render_features(sets, self.cfg.nfd_label_prefix, self.nfd_expires)
         features = self.features
         self._write("nfd", features.path, lambda: features.write(data))
 

@@ -71,7 +71,7 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self.failed_writes: dict[str, str] = {}  # file -> the error last logged for it
         self.host_recheck = False  # a watch was added: look at the host paths again
         self.specs_dirty: set[str] = set()  # resources whose CDI spec is written at the end of this turn
-        self.published: list[ResourceWatch] = []  # this turn's publishes: their hold starts at its end
+        self.awaiting_hold: list[ResourceWatch] = []  # this turn's publishes: their hold starts at its end
         self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
         self.trim_due = False  # this turn read TRIM_AFTER_NAMES names or more: trimmed after its outputs
@@ -214,8 +214,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._spec_before_publish(rw, came, gone, change.removed)
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
-        rw.published(self.clock())
-        self.published.append(rw)
+        rw.start_hold(self.clock())
+        self.awaiting_hold.append(rw)
         self.nfd_dirty = self.features is not None
         LOG.info(
             "device set changed",
@@ -335,9 +335,9 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
         self._health_step()
         self._write_outputs()
         now = self.clock()
-        for rw in self.published:  # what came while the turn wrote its outputs waited for the hold
-            rw.published(now)
-        self.published.clear()
+        for rw in self.awaiting_hold:  # what came while the turn wrote its outputs waited for the hold
+            rw.start_hold(now)
+        self.awaiting_hold.clear()
         self.finish(now)
 
     def _relist(self, name: str, names: set[str]) -> bool:

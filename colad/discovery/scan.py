@@ -25,7 +25,7 @@ from colad.core.devices import Device
 from colad.discovery import hostpaths
 from colad.discovery.devicedir import Cached as _Cached
 from colad.discovery.devicedir import is_regular_file, list_regular_files, read_device
-from colad.jobs.probes import PENDING, Probe, ProbeRunner, Verdict
+from colad.jobs.probes import PENDING, Probe, ProbeResult, ProbeRunner
 from colad.queue import device_wire
 from colad.runtime import log
 from colad.runtime.pathtrust import directory_problem
@@ -162,7 +162,7 @@ class DeviceHealth:
             else:
                 self.probes[device_id] = probe
         if probe is not None and self.runner is not None:
-            verdict = self.runner.verdict(self.key(device_id)) or Verdict(False, PENDING)
+            verdict = self.runner.verdict(self.key(device_id)) or ProbeResult(False, PENDING)
             if not verdict.healthy:
                 reason = reason or f"probe {os.path.basename(probe.command[0])}: {verdict.reason}"
         reason = devices.clip_reason(reason) if reason else ""
@@ -262,7 +262,7 @@ class ResourceWatch:
         self.streak, self.held = self.streak + 1 if self.held else 0, False
         return names, whole
 
-    def published(self, now: float) -> None:
+    def start_hold(self, now: float) -> None:
         """A publish (or the end of the turn that made it) at `now`: the hold on the next starts."""
         self.window_until = now + min(hold_max(len(self.current or ())), HOLD_BASE_S * 2 ** min(self.streak, 10))
         self.hold_until = self.window_until if self.streak else now

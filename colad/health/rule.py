@@ -41,7 +41,7 @@ def degraded(role: str, counters: tuple[tuple[str, int], ...]) -> str:
 
 
 @dataclass(frozen=True)
-class Published:
+class PluginSnapshot:
     """What the life-cycle thread publishes (one attribute assignment) for the other threads."""
 
     state: PluginState
@@ -51,15 +51,15 @@ class Published:
     state_file_problem: str = ""  # why the state file is not written now ("" when it is)
 
 
-def _silent(published: Published, now: float) -> str:
-    silent = now - published.discovery_heard
-    expected = SILENT_INTERVALS * published.rescan_interval + SILENT_SLACK
+def _silent(snapshot: PluginSnapshot, now: float) -> str:
+    silent = now - snapshot.discovery_heard
+    expected = SILENT_INTERVALS * snapshot.rescan_interval + SILENT_SLACK
     if silent > expected:
         return f"discovery silent for {silent:.0f}s (expected within {expected:.0f}s): list may be stale"
     return ""
 
 
-def readiness(published: Published, now: float) -> tuple[bool, str]:
+def readiness(snapshot: PluginSnapshot, now: float) -> tuple[bool, str]:
     """(True, "ready: ...") exactly when pods may be admitted to every resource's devices, else why not.
 
     For every resource: registered with the kubelet.sock there is now, a live ListAndWatch
@@ -69,7 +69,7 @@ def readiness(published: Published, now: float) -> tuple[bool, str]:
     watcher does not change what the kubelet holds; a discovery gone silent does.
     """
     problems = []
-    state = published.state
+    state = snapshot.state
     if not state.resources:
         problems.append("no resources")
     for r in state.resources:
@@ -85,7 +85,7 @@ def readiness(published: Published, now: float) -> tuple[bool, str]:
             problems.append(f"{r.name}: the current device list is not yet sent to the kubelet")
         if r.cut.dropped:
             problems.append(f"{r.name}: list cut to {r.cut.wanted - r.cut.dropped} of {r.cut.wanted} device IDs")
-    if silent := _silent(published, now):
+    if silent := _silent(snapshot, now):
         problems.append(silent)
     if problems:
         return False, "; ".join(problems)
@@ -132,7 +132,7 @@ class Verdict:
 
 
 def assess(
-    published: Published, roles: RoleView | None, now: float, *, unasked: str = "", refused: tuple[str, ...] = ()
+    snapshot: PluginSnapshot, roles: RoleView | None, now: float, *, unasked: str = "", refused: tuple[str, ...] = ()
 ) -> Verdict:
     """The one health rule, for /healthz and `colad status` alike; `roles` None: not under supervisord.
 
@@ -147,7 +147,7 @@ def assess(
     """
     problems: list[str] = []
     waiting: list[str] = []
-    state = published.state
+    state = snapshot.state
     plugin_starting = roles is not None and PLUGIN.name in roles.starting
     for r in state.resources:
         if r.registered and r.streams == 0:
@@ -163,12 +163,12 @@ def assess(
                 f"to fit the kubelet's {constants.KUBELET_MAX_RECV_MESSAGE_BYTES} byte message limit"
             )
     problems.extend(roles.problems if roles is not None else ())
-    if silent := _silent(published, now):
+    if silent := _silent(snapshot, now):
         problems.append(silent)
-    if published.queue_problem:
-        problems.append(f"queue not listening: {published.queue_problem}")
-    if published.state_file_problem:
-        problems.append(published.state_file_problem)
+    if snapshot.queue_problem:
+        problems.append(f"queue not listening: {snapshot.queue_problem}")
+    if snapshot.state_file_problem:
+        problems.append(snapshot.state_file_problem)
     if unasked:
         problems.append(unasked)
     problems.extend(refused)
@@ -185,7 +185,7 @@ def _degraded(state: PluginState) -> str:
     return "; degraded: " + "; ".join(state.degraded) if state.degraded else ""
 
 
-def verdict(published: Published, roles: RoleView | None, now: float) -> tuple[bool, str]:
+def verdict(snapshot: PluginSnapshot, roles: RoleView | None, now: float) -> tuple[bool, str]:
     """/healthz: (True, "ok: ...") or (False, every problem), by `assess`."""
-    found = assess(published, roles, now)
+    found = assess(snapshot, roles, now)
     return found.ok, found.line()

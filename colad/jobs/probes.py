@@ -45,7 +45,7 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ProbeResult:
     healthy: bool
     reason: str = ""  # "" when healthy
 
@@ -59,21 +59,21 @@ def first_line(output: bytes) -> str:
     return ""
 
 
-def outcome(returncode: int | None, output: bytes, timeout: float | None = None) -> Verdict:
+def outcome(returncode: int | None, output: bytes, timeout: float | None = None) -> ProbeResult:
     """The verdict of a finished probe: `returncode` as Popen gives it (negative = signal), or
     None with `timeout` set when it was killed for running too long."""
     line = first_line(output)
     if returncode is None:
-        return Verdict(False, f"timed out after {timeout:g}s" + (f": {line}" if line else ""))
+        return ProbeResult(False, f"timed out after {timeout:g}s" + (f": {line}" if line else ""))
     if returncode == 0:
-        return Verdict(True)
+        return ProbeResult(True)
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return Verdict(False, f"killed by {name}" + (f": {line}" if line else ""))
-    return Verdict(False, line or f"exit status {returncode}")
+        return ProbeResult(False, f"killed by {name}" + (f": {line}" if line else ""))
+    return ProbeResult(False, line or f"exit status {returncode}")
 
 
 @dataclass
@@ -102,7 +102,7 @@ class ProbeRunner:
         self.clock = clock
         self.env = dict(env)
         self._probes: dict[str, Probe] = {}
-        self._verdicts: dict[str, Verdict] = {}
+        self._verdicts: dict[str, ProbeResult] = {}
         self._due: list[tuple[float, str]] = []  # heap of (next run, key); stale entries skipped
         self._next: dict[str, float] = {}
         self._running: dict[str, _Running] = {}
@@ -125,13 +125,13 @@ class ProbeRunner:
         for key, probe in probes.items():
             if key not in self._probes:
                 self._probes[key] = probe
-                self._verdicts[key] = Verdict(False, PENDING)
+                self._verdicts[key] = ProbeResult(False, PENDING)
                 self._schedule(key, now)
 
-    def verdicts(self) -> dict[str, Verdict]:
+    def verdicts(self) -> dict[str, ProbeResult]:
         return dict(self._verdicts)
 
-    def verdict(self, key: str) -> Verdict | None:
+    def verdict(self, key: str) -> ProbeResult | None:
         """The verdict of one probe (None: not set), without copying them all."""
         return self._verdicts.get(key)
 
@@ -163,10 +163,10 @@ class ProbeRunner:
 
     # --- the work ------------------------------------------------------------------------------
 
-    def poll(self) -> dict[str, Verdict]:
+    def poll(self) -> dict[str, ProbeResult]:
         """Read, reap, time out and start what is due; the verdicts that changed, by key."""
         now = self.clock()
-        changed: dict[str, Verdict] = {}
+        changed: dict[str, ProbeResult] = {}
         for run in list(self._running.values()):
             self._drain(run)
             if run.child.exited():
@@ -220,7 +220,7 @@ class ProbeRunner:
         while self._due and (self._due[0][1] not in self._probes or self._next.get(self._due[0][1]) != self._due[0][0]):
             heapq.heappop(self._due)
 
-    def _start_due(self, now: float, changed: dict[str, Verdict]) -> None:
+    def _start_due(self, now: float, changed: dict[str, ProbeResult]) -> None:
         while self.in_flight < self.max_in_flight:
             self._drop_stale()
             if not self._due or self._due[0][0] > now:
@@ -231,13 +231,13 @@ class ProbeRunner:
                 continue
             self._start(key, now, changed)
 
-    def _start(self, key: str, now: float, changed: dict[str, Verdict]) -> None:
+    def _start(self, key: str, now: float, changed: dict[str, ProbeResult]) -> None:
         probe = self._probes[key]
         untrusted = pathtrust.program_problem(probe.command[0], self.trusted)
         if untrusted is not None:  # never run as root: its verdict says why, as a program that fails to start
             self.refused += 1
             self._schedule(key, now + probe.interval)
-            self._set(key, Verdict(False, f"not run: {untrusted}"), changed)
+            self._set(key, ProbeResult(False, f"not run: {untrusted}"), changed)
             return
         env = {**self.env, **dict(probe.env)}
         try:
@@ -246,7 +246,9 @@ class ProbeRunner:
             self.spawn_failures += 1
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             self._schedule(key, now + probe.interval)
-            self._set(key, Verdict(False, f"cannot run {first_line(probe.command[0].encode())!r}: {reason}"), changed)
+            self._set(
+                key, ProbeResult(False, f"cannot run {first_line(probe.command[0].encode())!r}: {reason}"), changed
+            )
             return
         self.started += 1
         assert child.popen.stdout is not None
@@ -307,7 +309,7 @@ class ProbeRunner:
         self._verdicts.pop(key, None)
         self._next.pop(key, None)
 
-    def _set(self, key: str, verdict: Verdict, changed: dict[str, Verdict]) -> None:
+    def _set(self, key: str, verdict: ProbeResult, changed: dict[str, ProbeResult]) -> None:
         if key in self._probes and self._verdicts.get(key) != verdict:
             self._verdicts[key] = verdict
             changed[key] = verdict

@@ -20,7 +20,7 @@ from colad.queue.client import QueueClient
 from colad.runtime import log
 from colad.runtime.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
 from colad.watchers import loop as watch
-from colad.watchers.inotify import Event
+from colad.watchers.inotify import InotifyEvent
 
 LOG = log.get(__name__)
 
@@ -35,7 +35,7 @@ class KubeletWatch(watch.WatcherLoop):
         self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
         self.last: tuple[str, tuple[str, ...]] | None = None
 
-    def relevant(self, event: Event) -> bool:
+    def relevant(self, event: InotifyEvent) -> bool:
         if event.overflow or event.mask & watch.SELF_GONE:
             return True
         if not self.kubelet_dir.concerns(event):

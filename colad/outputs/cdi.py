@@ -1,6 +1,6 @@
 """CDI specs: what a container runtime needs to resolve `<resource>=<device ID>` on its own.
 
-encode() turns one resource's advertised device set into a Container Device Interface spec's bytes
+encode_spec() turns one resource's advertised device set into a Container Device Interface spec's bytes
 (kind = the resource name, one device per advertised ID, replicas included) at the lowest
 cdiVersion that carries it; it is pure. SpecWriter is the thin shell: an atomic
 write + rename into the spec directory (default /var/run/cdi), and a removal on stop.
@@ -123,7 +123,7 @@ def same_entry(a: Device, b: Device) -> bool:
     return _encoded(a) == _encoded(b)
 
 
-def encode(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes | None:
+def encode_spec(resource_name: str, physical: DeviceSet, replicas: int = 1) -> bytes | None:
     """The CDI spec file of `resource_name` for replicate(physical, replicas): canonical JSON, one line.
 
     Every advertised ID is a device, Healthy or not: a container that already holds a device
@@ -165,8 +165,8 @@ _VERSION_BYTES = tuple(json.dumps(v).encode() for v in VERSIONS)
 
 @functools.lru_cache(maxsize=64)
 def _kind(resource_name: str) -> tuple[int, bytes] | None:
-    """encode()'s parts of a resource name, made once: the version index it needs and its JSON (None: no
-    CDI kind). cdi_kind_problem(), required_version() and two json.dumps were a quarter of encode() a change."""
+    """encode_spec()'s parts of a resource name, made once: the version index it needs and its JSON (None: no
+    CDI kind). cdi_kind_problem(), required_version() and two json.dumps were a quarter of encode_spec() a change."""
     if cdi_kind_problem(resource_name) is not None:
         return None
     kind = cdi_kind(resource_name)
@@ -202,7 +202,7 @@ class SpecWriter:
         return os.path.join(self.spec_dir, cdi_spec_file(resource_name))
 
     def write_bytes(self, resource_name: str, data: bytes | None) -> bool:
-        """Write a spec's bytes (encode()'s), or remove the file when None; True if the directory changed.
+        """Write a spec's bytes (encode_spec()'s), or remove the file when None; True if the directory changed.
         Raises OSError."""
         if data is None:
             return self.remove(resource_name)

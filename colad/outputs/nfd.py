@@ -1,6 +1,6 @@
 """Node Feature Discovery feature file: node labels for colad's resources without API credentials.
 
-render() is pure: per resource, `<name>.present`, `.devices` and `.healthy` (physical devices,
+render_features() is pure: per resource, `<name>.present`, `.devices` and `.healthy` (physical devices,
 replicas folded), in NFD's local-source format (`name=value` lines, `# +expiry-time=` directive).
 FeatureFileWriter is the thin shell: write a hidden temporary (NFD skips dotfiles) and rename it
 over features.d/colad, only when the bytes change. NFD turns an unprefixed name into
@@ -46,7 +46,7 @@ def label_problem(resource_name: str, prefix: str = "") -> str | None:
     return None
 
 
-def render(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = "", expires: str = "") -> bytes:
+def render_features(resources: Iterable[tuple[str, DeviceSet | Counts]], prefix: str = "", expires: str = "") -> bytes:
     """The feature file for `resources` (name, advertised set or its Counts); `expires` an RFC 3339 time or "".
 
     A resource whose labels would be invalid is left out (the caller refuses it at config load).

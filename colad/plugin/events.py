@@ -95,7 +95,7 @@ class ObserversLoaded:
     error: str = ""  # why they could not be, logged
 
 
-Event = (
+LifecycleEvent = (
     Received
     | QueueRejected
     | ReloadRequested

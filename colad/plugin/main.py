@@ -1,8 +1,8 @@
 """Role `colad plugin`: serves the DevicePlugin API to the kubelet and keeps each resource registered.
 
-The life-cycle thread (`Plugin.run`) owns every mutable thing: the endpoints (endpoint.py,
+The life-cycle thread (`Plugin.run`) owns every mutable thing: the registrars (registrar.py,
 one per resource, stepped by registration.py), the snapshots, the queue server and the
-`Published` snapshot. Queue, gRPC and signal threads only post typed events (colad/plugin/events.py);
+`PluginSnapshot`. Queue, gRPC and signal threads only post typed events (colad/plugin/events.py);
 the HTTP thread only reads the published snapshot. SIGHUP: reload_plan.plan, then its execution.
 What Register does not need (prometheus_client, the HTTP server, the in-use watcher) loads once it is sent.
 """
@@ -26,14 +26,14 @@ from colad.config.config import Config, Resource
 from colad.core import registration as reg
 from colad.core.errors import ConfigError, InstanceError
 from colad.core.roles import DISCOVERY, KUBELET_WATCH, PLUGIN
-from colad.health.rule import Published, Verdict, assess, degraded, readiness
+from colad.health.rule import PluginSnapshot, Verdict, assess, degraded, readiness
 from colad.jobs import commands
 from colad.metrics.registry import Metrics
 from colad.outputs import statefile
 from colad.outputs.socketpath import SocketRecord
 from colad.plugin import events as ev
 from colad.plugin import reload_plan
-from colad.plugin.endpoint import Context, Endpoint, Servers, withdraw
+from colad.plugin.registrar import Context, ResourceRegistrar, Servers, withdraw
 from colad.plugin.sockets import Sockets
 from colad.queue import messages
 from colad.queue.framing import Peer
@@ -74,7 +74,7 @@ class Plugin:
         # Current state (devices, registered, streams, list size) is scraped from the published snapshot.
         # It counts at once; its registry, the HTTP server, the role check and the in-use watcher come
         # once the first Register is sent (`observers`): none of them is on the path to it.
-        self.metrics = Metrics(per_device=cfg.metrics_per_device, snapshot=lambda: self.published.state)
+        self.metrics = Metrics(per_device=cfg.metrics_per_device, snapshot=lambda: self.snapshot.state)
         self.metrics_server: MetricsServer | None = None
         self.roles: RoleHealth | None = None
         self.status_socket: StatusSocket | None = None
@@ -82,8 +82,8 @@ class Plugin:
         self.observers = ""  # "": not asked yet; "loading"; "up"
         self.observers_failed = False  # its thread could not start (said once)
         # A SimpleQueue: put and get in C, no Python Condition per hand-off (every change crosses it twice).
-        self.events: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
-        self.deferred: deque[ev.Event] = deque()  # taken off the queue while draining, handled next
+        self.events: queue.SimpleQueue[ev.LifecycleEvent] = queue.SimpleQueue()
+        self.deferred: deque[ev.LifecycleEvent] = deque()  # taken off the queue while draining, handled next
         self.record = SocketRecord(cfg.socket_record_file)
         self.sockets = Sockets(cfg, self.record, self.metrics, self.on_message, self._on_reject)
         self.ctx = Context(
@@ -95,12 +95,12 @@ class Plugin:
             self.events.put,
             wall,
             servers or Servers(),
-            lambda: {e.socket_path for e in self.endpoints.values() if e.socket_path},
+            lambda: {e.socket_path for e in self.registrars.values() if e.socket_path},
             lambda: self.cfg.cdi,
             lambda: self.cfg.cdi_spec_dir,
             lambda: self.cfg.trusted_uids,
         )
-        self.endpoints = {r.name: Endpoint(self.ctx, r, clock()) for r in cfg.resources}
+        self.registrars = {r.name: ResourceRegistrar(self.ctx, r, clock()) for r in cfg.resources}
         # The latest physical device set per resource, also for resources not (yet) served:
         # discovery may reload before the plugin does.
         self.snapshots: dict[str, messages.DeviceSnapshot] = {}
@@ -111,8 +111,10 @@ class Plugin:
         self.last_reload: statefile.ReloadResult | None = None
         self.discovery_heard = clock()  # from the start: a discovery that never reports is silent too
         self.degraded: dict[str, str] = {}  # role -> its degraded mode as its last Stats said ("" none)
-        self.published = Published(statefile.PluginState(pid=os.getpid()), self.discovery_heard, cfg.rescan_interval)
-        self.state_due: float | None = None  # when the state file must catch up with `published` (None: it has)
+        self.snapshot = PluginSnapshot(
+            statefile.PluginState(pid=os.getpid()), self.discovery_heard, cfg.rescan_interval
+        )
+        self.state_due: float | None = None  # when the state file must catch up with `snapshot` (None: it has)
         self.state_written = -STATE_FILE_INTERVAL  # monotonic time of the last write
         self.state_failures = 0  # failed writes in a row (each counted in the metric)
         self.state_problem = ""  # for /healthz and status while writes fail
@@ -162,15 +164,15 @@ class Plugin:
         unasked = self.status_socket.problem() if self.status_socket is not None else ""
         found = ((r.name, pathtrust.directory_problem(r.device_dir, self.cfg.trusted_uids)) for r in self.cfg.resources)
         refused = tuple(f"{name}: {why}" for name, why in found if why is not None)  # a few lstats each
-        return assess(self.published, roles.view(fresh=fresh), self.clock(), unasked=unasked, refused=refused)
+        return assess(self.snapshot, roles.view(fresh=fresh), self.clock(), unasked=unasked, refused=refused)
 
     def status_answer(self) -> bytes:
         """For the status socket (its thread): the verdict, readiness and published state, stamped."""
-        published = self.published
+        snapshot = self.snapshot
         found = self.assess(fresh=True)
-        ready, why = readiness(published, self.clock())
+        ready, why = readiness(snapshot, self.clock())
         body = {
-            **statefile.stamped(published.state),
+            **statefile.stamped(snapshot.state),
             "health": {"ok": found.ok, "reason": found.line(), "problems": found.problems, "waiting": found.waiting},
             "ready": {"ok": ready, "reason": why},
         }
@@ -178,52 +180,52 @@ class Plugin:
 
     def ready(self) -> tuple[bool, str]:
         """For /readyz (the HTTP thread): registered, streamed, list exact; from the published snapshot."""
-        return readiness(self.published, self.clock())
+        return readiness(self.snapshot, self.clock())
 
     # The life cycle, on the owning thread.
     def publish(self) -> None:
         state = statefile.PluginState(
-            pid=self.published.state.pid,  # os.getpid() once: a syscall per publish otherwise
-            resources=tuple(e.published() for e in self.endpoints.values()),
+            pid=self.snapshot.state.pid,  # os.getpid() once: a syscall per publish otherwise
+            resources=tuple(e.resource_state() for e in self.registrars.values()),
             metrics_address=self.metrics_server.bound if self.metrics_server else "",
             config_file=self.cfg.config_file,
             reload=self.last_reload,
             kubelet=self.kubelet_now,
             degraded=tuple(text for _, text in sorted(self.degraded.items()) if text),
         )
-        held, changed = self.published, state != self.published.state  # the one deep comparison
+        held, changed = self.snapshot, state != self.snapshot.state  # the one deep comparison
         kept = state if changed else held.state  # unchanged: the same object, compared by identity below
-        published = Published(
+        snapshot = PluginSnapshot(
             kept, self.discovery_heard, self.cfg.rescan_interval, self.sockets.queue_problem, self.state_problem
         )
-        if published == held:
+        if snapshot == held:
             return
         if changed:
             now = self.clock()
             # A list on its way to the kubelet reports its send within ms: one write for the change
             # and its send, not one each; never later than the interval, whatever the stream does.
-            if any(e.sending() for e in self.endpoints.values()):
+            if any(e.sending() for e in self.registrars.values()):
                 due = now + STATE_FILE_INTERVAL
             else:
                 due = max(now, self.state_written + STATE_FILE_INTERVAL)
             self.state_due = due if self.state_due is None else min(self.state_due, due)
-        self.published = published
+        self.snapshot = snapshot
 
     def write_state(self, *, now: bool = False) -> None:
         """Write the published snapshot to the state file once it is due (or `now`), if it changed.
 
         At once after a failed effect: the next one may block (gRPC's core waits for a thread it cannot start).
         """
-        if failed := [e for e in self.endpoints.values() if e.failed]:
-            for endpoint in failed:
-                endpoint.failed = False
+        if failed := [e for e in self.registrars.values() if e.failed]:
+            for registrar in failed:
+                registrar.failed = False
             now = True
         at = self.clock()
         if self.state_due is None or not (now or at >= self.state_due):
             return
         self.state_due, self.state_written = None, at
         path = self.cfg.plugin_state_file
-        error = statefile.write(path, self.published.state)
+        error = statefile.write(path, self.snapshot.state)
         if error:
             # Retried until it is written; said once, counted each time, on /healthz and status meanwhile.
             self.state_due = at + STATE_FILE_RETRY
@@ -238,9 +240,9 @@ class Plugin:
             self.state_failures, problem = 0, ""
         if problem != self.state_problem:
             self.state_problem = problem
-            self.published = replace(self.published, state_file_problem=problem)
+            self.snapshot = replace(self.snapshot, state_file_problem=problem)
 
-    def handle(self, event: ev.Event) -> None:
+    def handle(self, event: ev.LifecycleEvent) -> None:
         now = self.clock()
         match event:
             case ev.Received(message=message, peer=peer, at=at):
@@ -249,13 +251,13 @@ class Plugin:
                 self.metrics.queue_events["dropped" if reason == "stale" else "rejected"] += 1
             case ev.ReloadRequested():
                 self.reload()
-            case ev.StreamChanged(resource=name, generation=generation, opened=opened) if name in self.endpoints:
-                self.endpoints[name].stream_changed(generation, opened, now)
-            case ev.ListSent(resource=name, generation=generation, version=version) if name in self.endpoints:
-                self.endpoints[name].list_sent(generation, version)
+            case ev.StreamChanged(resource=name, generation=generation, opened=opened) if name in self.registrars:
+                self.registrars[name].stream_changed(generation, opened, now)
+            case ev.ListSent(resource=name, generation=generation, version=version) if name in self.registrars:
+                self.registrars[name].list_sent(generation, version)
             case ev.CallDone(resource=name, call=call, handle=handle):
-                if name in self.endpoints:
-                    self.endpoints[name].call_done(call, handle, now)
+                if name in self.registrars:
+                    self.registrars[name].call_done(call, handle, now)
                 else:
                     handle.close()
             case ev.ObserversLoaded(error=error):
@@ -263,8 +265,8 @@ class Plugin:
             case ev.ThreadDied(error=error, grpc_server=grpc_server):
                 self.metrics.thread_failures.inc()
                 if grpc_server:  # which resource's is not known: each serves anew, on a fresh socket
-                    for endpoint in list(self.endpoints.values()):
-                        endpoint.thread_died(error, now)
+                    for registrar in list(self.registrars.values()):
+                        registrar.thread_died(error, now)
         self.on_timer()
         self.publish()
 
@@ -281,11 +283,11 @@ class Plugin:
             self.discovery_heard = at
             if message.resource in self.snapshots or len(self.snapshots) < MAX_PENDING_SNAPSHOTS:
                 self.snapshots[message.resource] = message
-            endpoint = self.endpoints.get(message.resource)
-            if endpoint is None:
+            registrar = self.registrars.get(message.resource)
+            if registrar is None:
                 LOG.debug("snapshot for a resource not served (yet)", resource=message.resource)
                 return
-            endpoint.take(message, now)
+            registrar.take(message, now)
         else:
             self.metrics.peers.update(KUBELET_WATCH.name, peer.pid)
             self.check_kubelet("watcher")
@@ -300,13 +302,13 @@ class Plugin:
             if self.seen_identity is not None:
                 self.metrics.kubelet_restarts.inc()
             self.seen_identity = identity
-        for endpoint in list(self.endpoints.values()):
-            endpoint.apply(reg.KubeletSeen(identity, endpoint.socket_intact(), reason), now)
+        for registrar in list(self.registrars.values()):
+            registrar.apply(reg.KubeletSeen(identity, registrar.socket_intact(), reason), now)
 
     def _registers_sent(self) -> bool:
         """Every resource has sent its first Register (or cannot yet: no server, stopped)."""
         done = (reg.Phase.BACKOFF, reg.Phase.STOPPED)
-        return all(e.state.calls > 0 or e.state.phase in done for e in self.endpoints.values())
+        return all(e.state.calls > 0 or e.state.phase in done for e in self.registrars.values())
 
     def load_observers(self) -> None:
         """Once the first Registers are sent: load what only metrics and health need, in a thread of its own.
@@ -367,7 +369,7 @@ class Plugin:
         """Who holds which device, from the kubelet's PodResources API; the published names, so a reload counts."""
         from colad.plugin.podresources import InUseWatcher
 
-        inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.published.state.resources})
+        inuse = InUseWatcher(self.cfg, self.metrics, lambda: {r.name for r in self.snapshot.state.resources})
         try:
             inuse.start()
         except RuntimeError as exc:  # its thread cannot start (a task limit): retried on the safety timer
@@ -378,9 +380,9 @@ class Plugin:
     def on_timer(self) -> bool:
         """Step what is due; False when nothing was (the state file's wake: nothing to publish)."""
         now = self.clock()
-        due = [e for e in self.endpoints.values() if (at := e.state.due()) is not None and now >= at]
-        for endpoint in due:
-            endpoint.apply(reg.Timer(), now)
+        due = [e for e in self.registrars.values() if (at := e.state.due()) is not None and now >= at]
+        for registrar in due:
+            registrar.apply(reg.Timer(), now)
         if safety := now >= self.next_safety_check:
             self.sockets.check_queue()
             if self.metrics_server is not None and self.metrics_server.server is None:
@@ -394,7 +396,7 @@ class Plugin:
         return bool(due) or safety
 
     def next_timeout(self) -> float:
-        due = [self.next_safety_check] + [d for e in self.endpoints.values() if (d := e.state.due()) is not None]
+        due = [self.next_safety_check] + [d for e in self.registrars.values() if (d := e.state.due()) is not None]
         if self.state_due is not None:
             due.append(self.state_due)
         return max(0.0, min(due) - self.clock())
@@ -408,24 +410,24 @@ class Plugin:
             return
         self.cfg = applied
         wanted: dict[str, Resource] = {r.name: r for r in applied.resources}
-        todo = reload_plan.plan({name: e.resource for name, e in self.endpoints.items()}, applied.resources)
-        removed = [self.endpoints[name] for name in todo.removed]
+        todo = reload_plan.plan({name: e.resource for name, e in self.registrars.items()}, applied.resources)
+        removed = [self.registrars[name] for name in todo.removed]
         withdraw(removed, self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
         now = self.clock()
         for name in todo.added:
-            self.endpoints[name] = Endpoint(self.ctx, wanted[name], now)
+            self.registrars[name] = ResourceRegistrar(self.ctx, wanted[name], now)
         for name in todo.changed:
-            self.endpoints[name].resource = wanted[name]  # same name: same socket and registration, new devices
-            self.endpoints[name].options_changed(now)  # unless pre_start_required changed: then a new Register
-        for endpoint in removed:
-            endpoint.close(now)
-            del self.endpoints[endpoint.name]
-            self.metrics.remove_resource(endpoint.name)
-            LOG.info("resource removed", resource=endpoint.name)
-        self.endpoints = {name: self.endpoints[name] for name in todo.order}  # config order
+            self.registrars[name].resource = wanted[name]  # same name: same socket and registration, new devices
+            self.registrars[name].options_changed(now)  # unless pre_start_required changed: then a new Register
+        for registrar in removed:
+            registrar.close(now)
+            del self.registrars[registrar.name]
+            self.metrics.remove_resource(registrar.name)
+            LOG.info("resource removed", resource=registrar.name)
+        self.registrars = {name: self.registrars[name] for name in todo.order}  # config order
         for name in todo.added + todo.changed:
             if (snapshot := self.snapshots.get(name)) is not None:
-                self.endpoints[name].take(snapshot, now, changed=True)
+                self.registrars[name].take(snapshot, now, changed=True)
         LOG.info(
             "config reloaded",
             added=",".join(todo.added) or "-",
@@ -444,7 +446,7 @@ class Plugin:
         self.errors = [t for t in self.errors if now - t < window] + [now]
         return len(self.errors) > count
 
-    def _next_event(self) -> ev.Event | None:
+    def _next_event(self) -> ev.LifecycleEvent | None:
         if self.deferred:
             return self.deferred.popleft()
         try:
@@ -455,8 +457,8 @@ class Plugin:
     def run(self) -> int:
         self.sockets.claim_instance()
         started = self.clock()
-        for endpoint in self.endpoints.values():
-            endpoint.restart_clock(started)
+        for registrar in self.registrars.values():
+            registrar.restart_clock(started)
         self.next_safety_check = started + SAFETY_CHECK_INTERVAL
         self.kubelet_now = socket_identity(self.cfg.kubelet_socket)
         self.publish()
@@ -485,10 +487,10 @@ class Plugin:
         with commands.stopping():  # a prepare still running is killed with what it started; no new one
             if self.inuse is not None:
                 self.inuse.stop()
-            withdraw(list(self.endpoints.values()), self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
+            withdraw(list(self.registrars.values()), self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
             now = self.clock()
-            for endpoint in self.endpoints.values():
-                endpoint.close(now)
+            for registrar in self.registrars.values():
+                registrar.close(now)
             self.publish()
             self.write_state(now=True)
             self.sockets.stop()

@@ -60,8 +60,8 @@ class InUseWatcher:
         self.available: bool | None = None  # None: not polled yet
         self.reason = "not polled yet"
         # Replaced whole on every poll (one assignment), read by /metrics from another thread.
-        self.published: inuse.InUse = inuse.DOWN
-        metrics.in_use = lambda: self.published
+        self.in_use: inuse.InUse = inuse.DOWN
+        metrics.in_use = lambda: self.in_use
         self.told_no_allocatable = False
         self.metrics = metrics
         self.skipped = 0  # entries of the last answer colad could not use (told when it becomes non-zero)
@@ -75,7 +75,7 @@ class InUseWatcher:
             self.reason = "off (pod_resources_socket is empty)"
             LOG.info("in-use view off", reason="pod_resources_socket is empty")
             self.available = False
-            self.published = inuse.DOWN
+            self.in_use = inuse.DOWN
             self._write_state()
             return
         self._stop.clear()
@@ -130,7 +130,7 @@ class InUseWatcher:
         for change in inuse.diff(self.view, view):
             _log_change(change)
         self.view = view
-        self.published = inuse.published(view, served)
+        self.in_use = inuse.in_use_of(view, served)
         self._write_state()
 
     def _connect(self) -> rpc.Client:
@@ -198,7 +198,7 @@ class InUseWatcher:
         else:
             LOG.debug("pod resources still unavailable", socket=self.socket_path, reason=reason)
         self.available, self.reason = False, reason
-        self.published = inuse.DOWN  # unknown is absent, not zero
+        self.in_use = inuse.DOWN  # unknown is absent, not zero
         self._write_state()
 
     def _write_state(self) -> None:

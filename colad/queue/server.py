@@ -285,7 +285,7 @@ class QueueServer:
             return True
         if isinstance(message, messages.DeviceSnapshot | messages.DeviceDelta):
             outcome = self.receiver.apply(message, conn)
-            if outcome.verdict is snapshots.Verdict.RESYNC:
+            if outcome.fate is snapshots.Fate.RESYNC:
                 # The sender starts every connection with a full snapshot: dropping this one asks for it.
                 LOG.info("queue resync", resource=message.resource, seq=message.seq, reason=outcome.reason)
                 self.on_reject("resync")

@@ -140,7 +140,9 @@ def fit_the_queue(snapshot: DeviceSnapshot, sizes: dict[str, int], limit: int = 
     return Fitted(DeviceSet.of(kept.values()), tuple(demoted), tuple(sorted(dropped)), total)
 
 
-class Verdict(enum.Enum):
+class Fate(enum.Enum):
+    """What became of one snapshot or delta at the receiver."""
+
     APPLIED = "applied"  # `snapshot` is the exact set the sender held at that (epoch, seq)
     STALE = "stale"  # a duplicate or a replay: nothing changes
     RESYNC = "resync"  # cannot be applied: the sender must send a full snapshot
@@ -148,7 +150,7 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class Outcome:
-    verdict: Verdict
+    fate: Fate
     snapshot: DeviceSnapshot | None = None
     reason: str = ""
 
@@ -171,32 +173,32 @@ class Held:
 def apply_full(held: Held | None, message: DeviceSnapshot, source: object) -> tuple[Held | None, Outcome]:
     """A full snapshot replaces whatever is held unless it is not newer than it."""
     if held is not None and (message.epoch, message.seq) <= held.position:
-        return held, Outcome(Verdict.STALE, reason="not newer than the set held")
-    return Held(message, message.devices.ids, None, source), Outcome(Verdict.APPLIED, message)
+        return held, Outcome(Fate.STALE, reason="not newer than the set held")
+    return Held(message, message.devices.ids, None, source), Outcome(Fate.APPLIED, message)
 
 
 def apply_delta(held: Held | None, message: DeviceDelta, source: object) -> tuple[Held | None, Outcome]:
     """A delta applies to exactly the set it names as its base, and must land on its digest."""
     if held is not None and (message.epoch, message.seq) <= held.position:
-        return held, Outcome(Verdict.STALE, reason="not newer than the set held")
+        return held, Outcome(Fate.STALE, reason="not newer than the set held")
     if held is None or not held.synced:
-        return held, Outcome(Verdict.RESYNC, reason="no base set held")
+        return held, Outcome(Fate.RESYNC, reason="no base set held")
     if (message.epoch, message.base) != held.position:
-        return _unsynced(held), Outcome(Verdict.RESYNC, reason=f"gap: base {message.base}, held {held.snapshot.seq}")
+        return _unsynced(held), Outcome(Fate.RESYNC, reason=f"gap: base {message.base}, held {held.snapshot.seq}")
     found = _moved(held, message)
     if isinstance(found, str):
-        return _unsynced(held), Outcome(Verdict.RESYNC, reason=found)
+        return _unsynced(held), Outcome(Fate.RESYNC, reason=found)
     devices, ids, gone = found
     base_digest = held.digest if held.digest is not None else set_digest(held.snapshot.devices)
     digest = moved_digest(base_digest, gone, message.upserts)
     if digest != message.digest:
-        return _unsynced(held), Outcome(Verdict.RESYNC, reason="digest mismatch")
+        return _unsynced(held), Outcome(Fate.RESYNC, reason="digest mismatch")
     moved = DeviceSet(tuple(devices))
     moved.remember(UPSERTS, message.upserts)  # the only devices new to the set: encoded alone (device_list)
     if (base_stats := held.snapshot.devices.known(_STATS)) is not None:
         keep_stats(moved, base_stats.moved(gone, message.upserts))
     snapshot = DeviceSnapshot(message.epoch, message.seq, moved, message.dir_present, message.resource)
-    return Held(snapshot, tuple(ids), digest, source), Outcome(Verdict.APPLIED, snapshot)
+    return Held(snapshot, tuple(ids), digest, source), Outcome(Fate.APPLIED, snapshot)
 
 
 def _moved(held: Held, message: DeviceDelta) -> tuple[list[Device], list[str], list[Device]] | str:

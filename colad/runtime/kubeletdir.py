@@ -39,7 +39,7 @@ def endpoint_name(stamp_ms: int) -> str:
     return f"{constants.PLUGIN_SOCKET_PREFIX}{stamp_ms}{constants.PLUGIN_SOCKET_SUFFIX}"
 
 
-def fresh_endpoint(kubelet_dir: str, now: float, taken: Collection[str] = ()) -> str:
+def fresh_socket_path(kubelet_dir: str, now: float, taken: Collection[str] = ()) -> str:
     """The path of an unused plugin socket: the kubelet keys endpoints by path, so never reuse one.
 
     Named after `now` (wall seconds) in milliseconds, counted up past any name that
@@ -88,35 +88,35 @@ DEAD_ERRNOS = {errno.ENOENT: "no such file", errno.ECONNREFUSED: "connection ref
 
 
 @dataclass(frozen=True)
-class Probe:
-    """The verdict of `dial` and, unless LIVE, the reason in words."""
+class SocketProbe:
+    """The answer of `dial` and, unless LIVE, the reason in words."""
 
-    verdict: Dial
+    answer: Dial
     reason: str = ""
 
     @property
     def live(self) -> bool:
-        return self.verdict is Dial.LIVE
+        return self.answer is Dial.LIVE
 
     @property
     def dead(self) -> bool:
-        return self.verdict is Dial.DEAD
+        return self.answer is Dial.DEAD
 
 
-def dial(path: str, timeout: float = 1.0) -> Probe:
+def dial(path: str, timeout: float = 1.0) -> SocketProbe:
     """One plain AF_UNIX connect() to `path`, closed at once; never raises."""
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:
-        return Probe(Dial.UNSURE, exc.strerror or str(exc))
+        return SocketProbe(Dial.UNSURE, exc.strerror or str(exc))
     with sock:
         sock.settimeout(timeout)
         try:
             sock.connect(path)
         except OSError as exc:
             if exc.errno in DEAD_ERRNOS:
-                return Probe(Dial.DEAD, DEAD_ERRNOS[exc.errno])
-            return Probe(Dial.UNSURE, exc.strerror or str(exc))
+                return SocketProbe(Dial.DEAD, DEAD_ERRNOS[exc.errno])
+            return SocketProbe(Dial.UNSURE, exc.strerror or str(exc))
         except (ValueError, TypeError) as exc:  # an embedded NUL: no socket can be there
-            return Probe(Dial.DEAD, str(exc))
-    return Probe(Dial.LIVE)
+            return SocketProbe(Dial.DEAD, str(exc))
+    return SocketProbe(Dial.LIVE)

@@ -82,7 +82,7 @@ def user_name() -> str | None:
         return None
 
 
-def render(cfg: Config, template: str, *, journal: bool, user: str | None = "") -> str:
+def render_conf(cfg: Config, template: str, *, journal: bool, user: str | None = "") -> str:
     """The template with its fields filled in; `user` "" looks our name up, None drops the user= line.
 
     supervisord refuses a user= that names no passwd entry, even our own uid, and needs
@@ -279,7 +279,7 @@ def main(args: object = None, cfg: Config | None = None) -> int:
     os.umask(0o077)
     conf_path = cfg.supervisor_conf_file
     try:
-        rendered = render(cfg, read_template(cfg), journal=stdout_is_journal())
+        rendered = render_conf(cfg, read_template(cfg), journal=stdout_is_journal())
         prepare_run_dir(cfg)
         write_conf(conf_path, rendered)
     except (ConfigError, InstanceError) as exc:

@@ -46,7 +46,7 @@ else:
     _Fields = namedtuple("_Fields", "wd path name mask")
 
 
-class Event(_Fields):  # a tuple: built for every event of every wake-up, cheaper than a dataclass
+class InotifyEvent(_Fields):  # a tuple: built for every event of every wake-up, cheaper than a dataclass
     __slots__ = ()
 
     @property
@@ -147,9 +147,9 @@ class Inotify:
         if self.wm is not None and self.wm.get_watch(wd) is not None:
             self.wm.rm_watch(wd, quiet=True)
 
-    def read(self) -> list[Event]:
+    def read(self) -> list[InotifyEvent]:
         """Every complete event the kernel has queued; never raises on a name."""
-        events: list[Event] = []
+        events: list[InotifyEvent] = []
         if self.wm is None or self.fd is None:
             return events
         get_watch, unpack, size = self.wm.get_watch, _EVENT.unpack_from, _EVENT.size
@@ -166,7 +166,7 @@ class Inotify:
                 offset += size + length
                 if mask & pyinotify.IN_Q_OVERFLOW:
                     self.generation += 1  # what the lost events said about the directories is unknown
-                    events.append(Event(-1, "", "", mask))
+                    events.append(InotifyEvent(-1, "", "", mask))
                     continue
                 watch = get_watch(wd)
                 if watch is None:
@@ -178,7 +178,7 @@ class Inotify:
                 except UnicodeDecodeError:  # ...with lone surrogates for bytes that are not text
                     name = raw.decode(_FS_ENCODING, _FS_ERRORS)
                     self.count("input.undecodable_name")  # delivered all the same; the role decides
-                events.append(Event(wd, watch.path, name, mask))
+                events.append(InotifyEvent(wd, watch.path, name, mask))
         return events
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from colad.core import constants
 from colad.core.errors import ConfigError
 from colad.queue.client import QueueClient, StatsReporter
 from colad.runtime import dirpath, log, proc
-from colad.watchers.inotify import INSTANCES, WATCHES, Event, Inotify
+from colad.watchers.inotify import INSTANCES, WATCHES, Inotify, InotifyEvent
 
 LOG = log.get(__name__)
 
@@ -125,7 +125,7 @@ class DirWatch:
         self.identity = identity
         return changed
 
-    def concerns(self, event: Event) -> bool:
+    def concerns(self, event: InotifyEvent) -> bool:
         """Is this event about our directory or its contents (or an overflow)?"""
         if event.overflow:
             return True
@@ -141,7 +141,7 @@ class DirWatch:
         self.inotify.forget(self.path)
         self.identity = None
 
-    def note(self, event: Event) -> None:
+    def note(self, event: InotifyEvent) -> None:
         """Mark the directory stale on an event that may mean a new identity (about the directory itself,
         its name in the parent, an overflow); drop a watch the kernel has removed, so ensure() re-adds it."""
         gone = event.mask & SELF_GONE
@@ -285,7 +285,7 @@ class WatcherLoop:
     def degraded_changed(self) -> None:
         """Hook: the degraded mode began, changed or ended (`self.degraded`)."""
 
-    def wait(self, timeout: float | None) -> list[Event] | None:
+    def wait(self, timeout: float | None) -> list[InotifyEvent] | None:
         if self.note_limits():
             timeout = 0.0  # the role's timeout came before the news: this turn reports it
         if self.degraded is not None:  # nothing would wake us for a change: look again soon

@@ -20,19 +20,12 @@ ALLOWED = {
     "main": "the entry point of each command module: cli.COMMANDS runs <module>.main",
     "TYPE_CHECKING": "a module-local False that keeps typing unimported at run time (it costs each process memory)",
 }
-# Names that mean different things in different modules: each entry says what they are. A name
+# Names defined in more than one module that still mean one thing: each entry says why. A name
 # leaves this table when it has one owner (test_every_shared_word_is_still_shared keeps it honest).
 SHARED_WORDS = {
-    "Event": "an inotify event (inotify), a plugin life-cycle event (plugin_events), a registration input",
-    "Probe": "the answer of a kubelet socket dial (kubeletdir), a device's health command (probes)",
-    "Verdict": "the plugin's health (plugin_health), a probe's result (probes), a snapshot's fate (snapshots)",
-    "Step": "one prepare command run (prestart), one registration transition (registration)",
-    "check": "`colad check`'s flags (cli_args: named after the command), the host paths of a device set (hostpaths)",
-    "diff": "two device sets (devices), two in-use views (inuse)",
-    "encode": "a CDI spec file (cdi), a queue message (messages)",
-    "plan": "the prepare commands of an Allocate (prestart), a reload's resource changes (reload_plan)",
-    "render": "`colad check`'s and `colad status`'s text, the NFD feature file, supervisord.conf",
-    "to_json": "`colad check --json` (check), the plugin state file (statefile)",
+    "diff": "what changed from `old` to `new`: of two device sets (devices), of two in-use views (inuse)",
+    "plan": "what to do, decided before any of it is done: the prepare commands of a PreStartContainer (prestart), "
+    "the resource changes of a reload (reload_plan)",
     # The pure rule and its shell: pathtrust.<name>(path) stats the path and applies trust.<name> to what it found.
     "directory_problem": "trust's rule over stat results, pathtrust's shell that stats the path",
     "host_path_problem": "trust's rule over stat results, pathtrust's shell that stats the path",

@@ -21,7 +21,7 @@ import pytest
 
 from colad.config.config import Config
 from colad.core.registration import REGISTER_BACKOFF_MAX
-from colad.plugin.endpoint import CALL_SLACK
+from colad.plugin.registrar import CALL_SLACK
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from colad.jobs import commands, prestart
-from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
+from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeResult, ProbeRunner
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -155,7 +155,7 @@ def test_a_probe_ends_with_everything_it_started(subreaper: None, escape: str, e
     try:
         runner.set_probes({"cola1": Probe((SH, "-c", script(escape, tok, then)), timeout=timeout, interval=3600)})
         drive(runner, lambda: runner.verdicts()["cola1"].reason != PENDING, "a verdict")
-        expected = Verdict(True) if ends == "exits" else Verdict(False, "timed out after 0.5s: started")
+        expected = ProbeResult(True) if ends == "exits" else ProbeResult(False, "timed out after 0.5s: started")
         assert runner.verdicts()["cola1"] == expected
         drive(runner, lambda: runner.in_flight == 0 and not commands.pending(), "the probe reaped")
         gone(tok)

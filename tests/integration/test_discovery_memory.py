@@ -70,7 +70,7 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
             assert raw is device or device.device_id == "node0", device.device_id
         assert rw.racy == {} and sys.getsizeof(rw.racy) == sys.getsizeof({})
         spec = Path(cfg.cdi_spec_dir, namemap.cdi_spec_file(rw.resource.name))
-        assert spec.read_bytes() == cdi.encode(rw.resource.name, rw.current)
+        assert spec.read_bytes() == cdi.encode_spec(rw.resource.name, rw.current)
     finally:
         discovery.runner.close()
         discovery.host_inotify.close()

@@ -19,7 +19,7 @@ import pytest
 
 from colad.core import namemap
 from colad.discovery.main import Discovery
-from colad.watchers.inotify import Event, Inotify
+from colad.watchers.inotify import Inotify, InotifyEvent
 from tests.helpers import wait_until
 from tests.integration.support import RoleRunner, Serve, begin, make_config
 from tests.oracles import nfd_labels
@@ -85,7 +85,7 @@ def test_the_feature_file_follows_the_counts_and_is_only_ever_replaced_whole(
     runner = runners(discovery)
     begin(discovery)
     runner.start()
-    seen: list[Event] = []
+    seen: list[InotifyEvent] = []
 
     def labels(present: str, count: int, healthy: int, what: str) -> None:
         want = {f"{BASE}.present": present, f"{BASE}.devices": str(count), f"{BASE}.healthy": str(healthy)}

@@ -37,11 +37,11 @@ def test_endpoint_names_are_ours() -> None:
     assert kubeletdir.is_plugin_socket_name(kubeletdir.endpoint_name(1_700_000_000_000))
 
 
-def test_fresh_endpoint_skips_names_on_disk_and_taken(tmp_path: Path) -> None:
+def test_fresh_socket_path_skips_names_on_disk_and_taken(tmp_path: Path) -> None:
     (tmp_path / "colad-1000.sock").write_text("")
     taken = {str(tmp_path / "colad-1001.sock")}
-    assert kubeletdir.fresh_endpoint(str(tmp_path), 1.0, taken) == str(tmp_path / "colad-1002.sock")
-    assert kubeletdir.fresh_endpoint(str(tmp_path), 2.0) == str(tmp_path / "colad-2000.sock")
+    assert kubeletdir.fresh_socket_path(str(tmp_path), 1.0, taken) == str(tmp_path / "colad-1002.sock")
+    assert kubeletdir.fresh_socket_path(str(tmp_path), 2.0) == str(tmp_path / "colad-2000.sock")
 
 
 def _bound(path: Path, *, listen: bool) -> socket.socket:
@@ -56,10 +56,10 @@ def test_dial_tells_live_from_dead(short_tmp: Path) -> None:
     live = _bound(short_tmp / "live.sock", listen=True)
     _bound(short_tmp / "stale.sock", listen=False).close()
     try:
-        assert kubeletdir.dial(str(short_tmp / "live.sock"), 1.0) == kubeletdir.Probe(Dial.LIVE)
+        assert kubeletdir.dial(str(short_tmp / "live.sock"), 1.0) == kubeletdir.SocketProbe(Dial.LIVE)
         stale = kubeletdir.dial(str(short_tmp / "stale.sock"), 1.0)
-        assert (stale.verdict, stale.reason) == (Dial.DEAD, "connection refused")
-        assert kubeletdir.dial(str(short_tmp / "none.sock"), 1.0) == kubeletdir.Probe(Dial.DEAD, "no such file")
+        assert (stale.answer, stale.reason) == (Dial.DEAD, "connection refused")
+        assert kubeletdir.dial(str(short_tmp / "none.sock"), 1.0) == kubeletdir.SocketProbe(Dial.DEAD, "no such file")
         assert kubeletdir.dial("bad\0path", 1.0).dead
     finally:
         live.close()

@@ -17,8 +17,8 @@ import pytest
 
 from colad.core.devices import Device, DeviceSet
 from colad.deviceplugin.service import DevicePluginServicer, build_server
-from colad.plugin.endpoint import Servers
 from colad.plugin.main import Plugin
+from colad.plugin.registrar import Servers
 from colad.queue.framing import Peer
 from colad.queue.messages import DeviceSnapshot, KubeletState
 from tests.fakes.kubelet import FakeKubelet
@@ -82,7 +82,7 @@ def running(short_tmp: Path) -> Iterator[Running]:
 
 
 def registered_with_stream(r: Running) -> bool:
-    state = r.plugin.published.state.resources[0]
+    state = r.plugin.snapshot.state.resources[0]
     return state.registered and state.streams == 1
 
 
@@ -95,7 +95,7 @@ def test_registers_after_the_first_snapshot_and_the_kubelet_holds_the_list(runni
     assert ok, reason
     running.send("cola1", seq=2)
     wait_until(lambda: running.held() == {"cola1": "Healthy"}, DEADLINE, "the change")
-    assert running.plugin.published.state.resources[0].devices == 1
+    assert running.plugin.snapshot.state.resources[0].devices == 1
 
 
 def test_a_restarted_kubelet_gets_a_fresh_socket_and_the_exact_list(running: Running) -> None:
@@ -128,7 +128,7 @@ def test_stop_withdraws_the_devices_and_removes_the_socket(short_tmp: Path) -> N
         assert r.result == [0]
         assert r.held() == {}, "the kubelet was sent an empty list before the socket went"
         assert not socket_path.exists()
-        assert r.plugin.published.state.resources[0].state == "stopped"
+        assert r.plugin.snapshot.state.resources[0].state == "stopped"
 
 
 def test_a_server_that_cannot_bind_is_retried_with_back_off(short_tmp: Path) -> None:

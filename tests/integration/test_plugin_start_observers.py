@@ -17,8 +17,8 @@ import pytest
 
 from colad.core.devices import Device, DeviceSet
 from colad.deviceplugin.service import build_server
-from colad.plugin.endpoint import Servers
 from colad.plugin.main import Plugin
+from colad.plugin.registrar import Servers
 from colad.queue.framing import Peer
 from colad.queue.messages import DeviceSnapshot
 from tests.fakes.kubelet import FakeKubelet
@@ -71,12 +71,12 @@ def test_observers_wait_for_the_first_register_and_count_what_came_before(starte
     assert plugin.observers == "" and plugin.metrics_server is None and plugin.inuse is None
     assert not plugin.metrics.bound
     assert started.on_disk()["metrics_address"] == ""
-    assert plugin.published.state.resources[0].state == "starting"
+    assert plugin.snapshot.state.resources[0].state == "starting"
 
     devices = DeviceSet.of([Device("cola1"), Device("cola2")])
     plugin.on_message(DeviceSnapshot(1, 1, devices, True, RESOURCE), Peer(os.getpid(), 0, 0))
-    # Published (the state file follows it on the clock, which stands still here).
-    address = wait_until(lambda: plugin.published.state.metrics_address, DEADLINE, "the metrics address published")
+    # Published in the snapshot (the state file follows it on the clock, which stands still here).
+    address = wait_until(lambda: plugin.snapshot.state.metrics_address, DEADLINE, "the metrics address published")
     assert plugin.metrics.bound and plugin.inuse is not None
     wait_until(lambda: started.kubelet.devices(RESOURCE) == {"cola1": "Healthy", "cola2": "Healthy"}, DEADLINE, "list")
     readyz = f"http://{address}/readyz"

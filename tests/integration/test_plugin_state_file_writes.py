@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from colad.plugin.endpoint import Endpoint
 from colad.plugin.main import STATE_FILE_INTERVAL
+from colad.plugin.registrar import ResourceRegistrar
 from tests.helpers import wait_until
 from tests.integration.test_shell_state_file import DEADLINE, Shell, running
 
@@ -27,7 +27,7 @@ def quiet(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
         s.send("cola-0")
         wait_until(s.settled, DEADLINE, "registered, streamed, list sent")
         s.clock.now += STATE_FILE_INTERVAL
-        wait_until(lambda: s.on_disk() == s.plugin.published.state, DEADLINE, "the file up to date")
+        wait_until(lambda: s.on_disk() == s.plugin.snapshot.state, DEADLINE, "the file up to date")
         s.clock.now += STATE_FILE_INTERVAL
         yield s
 
@@ -40,7 +40,7 @@ def test_a_lone_change_is_written_once_with_its_send(quiet: Shell) -> None:
     wait_until(quiet.settled, DEADLINE, "the send published")
     [written] = quiet.writes[before:]
     assert written.resources[0].devices == 2 and written.resources[0].list_sent, "the one write holds the send"
-    assert quiet.on_disk() == quiet.plugin.published.state
+    assert quiet.on_disk() == quiet.plugin.snapshot.state
     quiet.clock.now += STATE_FILE_INTERVAL  # nothing left to write: no second write for the send
     quiet.send("cola-0", "cola-1")  # the same set: an event through the loop, nothing published
     wait_until(lambda: quiet.plugin.events.empty(), DEADLINE, "the loop idle")
@@ -49,7 +49,7 @@ def test_a_lone_change_is_written_once_with_its_send(quiet: Shell) -> None:
 
 def test_without_a_stream_a_change_is_written_at_once(quiet: Shell) -> None:
     quiet.kubelet.stop()  # the stream ends: nothing is on its way to wait for
-    wait_until(lambda: not quiet.plugin.published.state.resources[0].streams, DEADLINE, "the stream gone")
+    wait_until(lambda: not quiet.plugin.snapshot.state.resources[0].streams, DEADLINE, "the stream gone")
     quiet.clock.now += STATE_FILE_INTERVAL
     before = len(quiet.writes)
     quiet.send("cola-0", "cola-1", "cola-2")
@@ -61,7 +61,7 @@ def test_a_send_never_reported_delays_the_write_one_interval_at_most(
     quiet: Shell, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stream that never reports its send (a stalled kubelet): the change is on disk one interval later."""
-    monkeypatch.setattr(Endpoint, "list_sent", lambda self, generation, version: None)
+    monkeypatch.setattr(ResourceRegistrar, "list_sent", lambda self, generation, version: None)
     before = len(quiet.writes)
     quiet.send("cola-0", "cola-1")
     quiet.wait_held(["cola-0", "cola-1"])

@@ -25,17 +25,17 @@ def test_on_timer_says_when_it_stepped_something_and_a_quiet_wake_changes_nothin
     try:
         plugin.next_safety_check = now[0] + SAFETY_CHECK_INTERVAL
         plugin.publish()
-        held = plugin.published
+        held = plugin.snapshot
         for step in (0.0, 0.01, 0.5, 1.0):  # before the endpoint's initial wait and the safety check
             now[0] = 1000.0 + step
             assert plugin.on_timer() is False
             plugin.publish()
-            assert plugin.published is held
+            assert plugin.snapshot is held
         now[0] = 1000.0 + INITIAL_DEVICES_WAIT + 0.001  # the endpoint gives up waiting for devices
         assert INITIAL_DEVICES_WAIT < SAFETY_CHECK_INTERVAL
         assert plugin.on_timer() is True
         plugin.publish()
-        assert plugin.published is not held  # its state moved: the publish that followed was needed
+        assert plugin.snapshot is not held  # its state moved: the publish that followed was needed
         now[0] = plugin.next_safety_check + 0.001
         assert plugin.on_timer() is True  # the safety check (it binds the queue socket)
         assert plugin.sockets.queue is not None

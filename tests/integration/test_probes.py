@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeRunner, Verdict
+from colad.jobs.probes import BASE_ENV, PENDING, Probe, ProbeResult, ProbeRunner
 
 pytestmark = pytest.mark.integration
 SH = "/bin/sh"
@@ -30,7 +30,7 @@ class Driver:
 
     def __init__(self, runner: ProbeRunner) -> None:
         self.runner = runner
-        self.history: list[tuple[float, str, Verdict]] = []
+        self.history: list[tuple[float, str, ProbeResult]] = []
         self.longest_poll = 0.0
 
     def step(self, cap: float = 0.5) -> None:
@@ -77,15 +77,15 @@ def test_healthy_failing_crashing_hanging_and_missing(runner: ProbeRunner) -> No
             "missing": Probe(("/nonexistent/probe",)),
         }
     )
-    assert set(runner.verdicts().values()) == {Verdict(False, PENDING)}  # nothing says Healthy before a run
+    assert set(runner.verdicts().values()) == {ProbeResult(False, PENDING)}  # nothing says Healthy before a run
     driver = Driver(runner)
     driver.until(lambda: PENDING not in {v.reason for v in runner.verdicts().values()}, "every first verdict")
     assert runner.verdicts() == {
-        "ok": Verdict(True),
-        "fail": Verdict(False, "fan stalled at 0 rpm"),
-        "crash": Verdict(False, "killed by SIGSEGV"),
-        "hang": Verdict(False, "timed out after 0.5s: waiting"),
-        "missing": Verdict(False, "cannot run '/nonexistent/probe': No such file or directory"),
+        "ok": ProbeResult(True),
+        "fail": ProbeResult(False, "fan stalled at 0 rpm"),
+        "crash": ProbeResult(False, "killed by SIGSEGV"),
+        "hang": ProbeResult(False, "timed out after 0.5s: waiting"),
+        "missing": ProbeResult(False, "cannot run '/nonexistent/probe': No such file or directory"),
     }
     assert runner.timeouts >= 1 and runner.spawn_failures >= 1
     assert driver.longest_poll < 0.2, driver.longest_poll
@@ -100,7 +100,7 @@ def test_flapping_reports_every_transition(runner: ProbeRunner, tmp_path: Path) 
     driver.until(lambda: len(driver.history) >= 7, "seven transitions")
     verdicts = [v for _, _, v in driver.history]
     assert all(a != b for a, b in zip(verdicts, verdicts[1:], strict=False))  # only changes are reported
-    assert set(verdicts) == {Verdict(True), Verdict(False, "link down")}
+    assert set(verdicts) == {ProbeResult(True), ProbeResult(False, "link down")}
 
 
 def test_bounded_in_flight_and_a_hung_probe_never_delays_another(runner: ProbeRunner) -> None:
@@ -117,7 +117,7 @@ def test_bounded_in_flight_and_a_hung_probe_never_delays_another(runner: ProbeRu
             peak = max(peak, runner.in_flight)
         took = time.monotonic() - started
         # The fast probe ran ~20+ times while both hung ones were still within their 4 s timeout.
-        assert took < 4.0 and runner.verdicts()["fast"] == Verdict(True), took
+        assert took < 4.0 and runner.verdicts()["fast"] == ProbeResult(True), took
         assert {runner.verdicts()[k].reason for k in hung} == {PENDING}
         assert peak <= 3 and runner.in_flight <= 3
         assert driver.longest_poll < 0.2
@@ -154,7 +154,7 @@ def test_a_left_behind_child_and_a_flood_of_output_do_not_wedge(runner: ProbeRun
     )
     driver = Driver(runner)
     driver.until(lambda: PENDING not in {v.reason for v in runner.verdicts().values()}, "both verdicts", timeout=20)
-    assert runner.verdicts()["daemon"] == Verdict(True)  # judged at its exit, not at the pipe's EOF
+    assert runner.verdicts()["daemon"] == ProbeResult(True)  # judged at its exit, not at the pipe's EOF
     assert runner.verdicts()["flood"].reason.startswith("xxx") and runner.verdicts()["flood"].reason.endswith("...")
     driver.until(lambda: runner.in_flight == 0 and _children() == 0, "no process left", timeout=10)
 
@@ -166,7 +166,7 @@ def test_environment_is_minimal_and_carries_the_device(runner: ProbeRunner, monk
     runner.set_probes({"cola1": probe})
     driver = Driver(runner)
     driver.until(lambda: runner.verdicts()["cola1"].reason != PENDING, "a verdict")
-    assert runner.verdicts()["cola1"] == Verdict(False, "cola1 none /")
+    assert runner.verdicts()["cola1"] == ProbeResult(False, "cola1 none /")
 
 
 def test_a_changed_or_removed_probe_is_stopped(runner: ProbeRunner) -> None:
@@ -174,7 +174,7 @@ def test_a_changed_or_removed_probe_is_stopped(runner: ProbeRunner) -> None:
     driver = Driver(runner)
     driver.until(lambda: runner.in_flight == 1, "the probe running")
     runner.set_probes({"a": sh("exit 0")})  # changed: the running one is killed, the new one runs
-    driver.until(lambda: runner.verdicts().get("a") == Verdict(True), "the new probe's verdict")
+    driver.until(lambda: runner.verdicts().get("a") == ProbeResult(True), "the new probe's verdict")
     runner.set_probes({})
     assert runner.verdicts() == {}
     driver.until(lambda: runner.in_flight == 0 and _children() == 0, "nothing left")

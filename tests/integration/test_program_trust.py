@@ -16,7 +16,7 @@ import pytest
 
 from colad.core.trust import ROOT_ONLY, UNTRUSTED, trusted_uids
 from colad.jobs import prestart
-from colad.jobs.probes import Probe, ProbeRunner, Verdict
+from colad.jobs.probes import Probe, ProbeResult, ProbeRunner
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def runner() -> Iterator[ProbeRunner]:
     made.close()
 
 
-def verdict(runner: ProbeRunner, key: str) -> Verdict | None:
+def verdict(runner: ProbeRunner, key: str) -> ProbeResult | None:
     runner.poll()
     found = runner.verdict(key)
     return found if found is not None and found.reason != "probe has not completed yet" else None
@@ -72,8 +72,8 @@ def test_an_untrusted_probe_program_never_runs(short_tmp: Path, runner: ProbeRun
     path, why = case(short_tmp)
     good = script(short_tmp / "good", short_tmp / "good-ran")
     runner.set_probes({"r=bad": Probe((str(path),), interval=0.1), "r=good": Probe((str(good),), interval=0.1)})
-    assert wait_until(lambda: verdict(runner, "r=bad"), 10, "the verdict") == Verdict(False, f"not run: {why}")
-    wait_until(lambda: verdict(runner, "r=good") == Verdict(True), 10, "the trusted probe to pass")
+    assert wait_until(lambda: verdict(runner, "r=bad"), 10, "the verdict") == ProbeResult(False, f"not run: {why}")
+    wait_until(lambda: verdict(runner, "r=good") == ProbeResult(True), 10, "the trusted probe to pass")
     wait_until(lambda: runner.poll() is not None and runner.refused >= 3, 10, "the probe refused at each interval")
     assert not (short_tmp / "ran").exists()
     assert runner.started >= 1  # the trusted one, only
@@ -84,7 +84,7 @@ def test_trusted_owners_let_a_delegated_probe_program_run(short_tmp: Path) -> No
     runner = ProbeRunner(trusted=trusted_uids([NOBODY]))
     try:
         runner.set_probes({"r=d": Probe((str(path),), interval=60)})
-        wait_until(lambda: verdict(runner, "r=d") == Verdict(True), 10, "the delegated probe to pass")
+        wait_until(lambda: verdict(runner, "r=d") == ProbeResult(True), 10, "the delegated probe to pass")
     finally:
         runner.close()
     assert (short_tmp / "ran").exists() and runner.refused == 0

@@ -316,13 +316,13 @@ def test_hostile_pod_resources_answers_are_counted_never_a_traceback(
     ).SerializeToString()
     try:
         watcher.poll()
-        assert watcher.available and watcher.published.holders == ((COLA, "cocacola", "ns", "p", "c"),)
+        assert watcher.available and watcher.in_use.holders == ((COLA, "cocacola", "ns", "p", "c"),)
         # Every field of the answer colad reads, in every shape, with the resource colad serves.
         names = {"resource_name": COLA.encode(), "namespace": b"ns", "name": b"p"}
         for label, data in wire.cases(prpb.ListPodResourcesResponse.DESCRIPTOR, plain=names):
             kubelet.answer = data
             watcher.poll()  # never raises
-            held = {row[1] for row in watcher.published.holders}
+            held = {row[1] for row in watcher.in_use.holders}
             assert held <= {"cocacola", wire.VALID_ID}, (label, held)
         assert count("INTERNAL") >= 1  # the encoded surrogate: not decodable, counted, view down
         assert count("INVALID_ANSWER") >= 1

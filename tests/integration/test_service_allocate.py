@@ -48,7 +48,7 @@ class Served:
         spec_dir = tmp_path / "cdi"
         spec_dir.mkdir()
         listed = DeviceSet.of([d for d in DEVICES if d.device_id != "b"])  # b: not in the spec on disk
-        (spec_dir / namemap.cdi_spec_file(COLA)).write_bytes(cdi.encode(COLA, listed) or b"")
+        (spec_dir / namemap.cdi_spec_file(COLA)).write_bytes(cdi.encode_spec(COLA, listed) or b"")
         self.broadcast = DeviceBroadcast()
         self.broadcast.update(DEVICES)
         self.metrics = Metrics(snapshot=lambda: PluginState(pid=1))

@@ -18,8 +18,8 @@ import pytest
 from colad.core.devices import Device, DeviceSet
 from colad.deviceplugin.service import build_server
 from colad.outputs import statefile
-from colad.plugin.endpoint import Servers
 from colad.plugin.main import STATE_FILE_INTERVAL, Plugin
+from colad.plugin.registrar import Servers
 from colad.queue.framing import Peer
 from colad.queue.messages import DeviceSnapshot
 from tests.fakes.kubelet import FakeKubelet
@@ -77,7 +77,7 @@ class Shell:
 
     def settled(self) -> bool:
         """Registered, one stream, and the list the kubelet holds is the one published."""
-        [r] = self.plugin.published.state.resources
+        [r] = self.plugin.snapshot.state.resources
         return r.registered and r.streams == 1 and r.list_sent
 
 
@@ -105,7 +105,7 @@ def test_a_burst_of_changes_costs_one_write_and_the_file_catches_up(shell: Shell
     shell.send("cola-0")
     wait_until(shell.settled, DEADLINE, "registered, streamed, list sent")
     shell.clock.now += STATE_FILE_INTERVAL  # a quiet spell: the file catches up at once
-    wait_until(lambda: shell.on_disk() == shell.plugin.published.state, DEADLINE, "the file up to date")
+    wait_until(lambda: shell.on_disk() == shell.plugin.snapshot.state, DEADLINE, "the file up to date")
     before = len(shell.writes)
     shell.clock.now += STATE_FILE_INTERVAL  # quiet since that write
 
@@ -119,7 +119,7 @@ def test_a_burst_of_changes_costs_one_write_and_the_file_catches_up(shell: Shell
 
     shell.clock.now += STATE_FILE_INTERVAL
     wait_until(lambda: len(shell.writes) - before == 2, DEADLINE, "the one write the interval allows")
-    assert shell.on_disk() == shell.plugin.published.state
+    assert shell.on_disk() == shell.plugin.snapshot.state
     assert shell.on_disk().resources[0].devices == 11 and shell.on_disk().resources[0].list_sent
 
 
@@ -131,5 +131,5 @@ def test_stop_writes_the_final_state_at_once(shell: Shell) -> None:
     shell.plugin.stop()
     shell.thread.join(15)
     on_disk = shell.on_disk()
-    assert on_disk == shell.plugin.published.state
+    assert on_disk == shell.plugin.snapshot.state
     assert on_disk.resources[0].state == "stopped" and on_disk.resources[0].devices == 0

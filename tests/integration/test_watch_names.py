@@ -23,7 +23,7 @@ import pytest
 
 from colad.queue.messages import MAX_MESSAGE_BYTES, KubeletState, encode
 from colad.runtime.kubeletdir import plugin_sockets
-from colad.watchers.inotify import Event, Inotify
+from colad.watchers.inotify import Inotify, InotifyEvent
 from colad.watchers.loop import poll
 
 pytestmark = pytest.mark.integration
@@ -53,15 +53,15 @@ def inotify() -> Iterator[Inotify]:
     notify.close()
 
 
-def read_all(notify: Inotify) -> list[Event]:
+def read_all(notify: Inotify) -> list[InotifyEvent]:
     """Every event queued so far: read until the inotify fd has nothing more."""
-    events: list[Event] = []
+    events: list[InotifyEvent] = []
     while notify.fileno() in poll([notify.fileno()], 0):
         events.extend(notify.read())
     return events
 
 
-def kinds(events: list[Event]) -> list[tuple[str, bytes]]:
+def kinds(events: list[InotifyEvent]) -> list[tuple[str, bytes]]:
     """(what happened, the name as the bytes it was on disk) of each event."""
     return [(KINDS[e.mask & ~pyinotify.IN_ISDIR], os.fsencode(e.name)) for e in events]
 

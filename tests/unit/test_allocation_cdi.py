@@ -15,7 +15,7 @@ import pytest
 from colad.core.allocation import allocate
 from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
 from colad.core.errors import AllocationError
-from colad.health.rule import Published, readiness
+from colad.health.rule import PluginSnapshot, readiness
 from colad.jobs import prestart
 from colad.outputs.statefile import ListCut, PluginState, ResourceState
 
@@ -240,8 +240,8 @@ READY = ResourceState(
 )
 
 
-def published(*resources: ResourceState, kubelet: str = K, heard: float = 100.0) -> Published:
-    return Published(PluginState(pid=1, resources=resources, kubelet=kubelet), heard, 30.0)
+def snapshot(*resources: ResourceState, kubelet: str = K, heard: float = 100.0) -> PluginSnapshot:
+    return PluginSnapshot(PluginState(pid=1, resources=resources, kubelet=kubelet), heard, 30.0)
 
 
 @pytest.mark.parametrize(
@@ -258,7 +258,7 @@ def published(*resources: ResourceState, kubelet: str = K, heard: float = 100.0)
     ],
 )
 def test_readiness(change: dict[str, object], kubelet: str, reason: str | None) -> None:
-    ok, text = readiness(published(replace(READY, **change), kubelet=kubelet), 101.0)  # type: ignore[arg-type]
+    ok, text = readiness(snapshot(replace(READY, **change), kubelet=kubelet), 101.0)  # type: ignore[arg-type]
     if reason is None:
         assert ok and text == f"ready: {R}, 2 devices"
     else:
@@ -267,10 +267,10 @@ def test_readiness(change: dict[str, object], kubelet: str, reason: str | None) 
 
 def test_readiness_needs_every_resource_and_a_discovery_that_reports() -> None:
     other = replace(READY, name="myway5.com/pepsi", list_sent=False)
-    ok, text = readiness(published(READY, other), 101.0)
+    ok, text = readiness(snapshot(READY, other), 101.0)
     assert not ok and text.startswith("myway5.com/pepsi: the current device list")
-    assert not readiness(published(), 101.0)[0]
-    ok, text = readiness(published(READY, heard=0.0), 1000.0)
+    assert not readiness(snapshot(), 101.0)[0]
+    ok, text = readiness(snapshot(READY, heard=0.0), 1000.0)
     assert not ok and "discovery silent" in text
 
 

@@ -2,7 +2,7 @@
 
 SpecWriter's record of what it wrote is the file itself: an unchanged spec is not rewritten, one
 edited behind colad's back (same size, other bytes) or replaced by a FIFO is, and no write hangs.
-cdi.encode() picks the version from the sorted IDs in O(log n): IDs that sort before the digits
+cdi.encode_spec() picks the version from the sorted IDs in O(log n): IDs that sort before the digits
 ('-', '.') or mix digit-led and letter-led names give build()'s bytes.
 """
 
@@ -24,7 +24,7 @@ RESOURCE = "example.com/cola"
 
 def test_the_writer_keeps_no_copy_and_the_file_is_its_record(tmp_path: Path) -> None:
     writer = cdi.SpecWriter(str(tmp_path / "cdi"))
-    data = cdi.encode(RESOURCE, DeviceSet.of(Device(f"d{i:04d}") for i in range(2000)))
+    data = cdi.encode_spec(RESOURCE, DeviceSet.of(Device(f"d{i:04d}") for i in range(2000)))
     assert data is not None and writer.write_bytes(RESOURCE, data) is True
     assert all(not isinstance(v, (bytes, dict)) for v in vars(writer).values())  # no bytes, no map of them
     path = Path(writer.path(RESOURCE))
@@ -54,7 +54,7 @@ def test_the_version_follows_every_name_whatever_sorts_first(ids: tuple[str, ...
         devices = [Device(i, device_nodes=node if with_node and i == ids[-1] else ()) for i in ids]
         physical = DeviceSet.of(devices)
         full = cdi_spec(RESOURCE, replicate(physical, replicas))
-        assert cdi.encode(RESOURCE, physical, replicas) == (None if full is None else full.encode())
+        assert cdi.encode_spec(RESOURCE, physical, replicas) == (None if full is None else full.encode())
 
 
 @pytest.mark.parametrize("resource", ["example.com/cola", "a/b", "V_1.x-y/c_2-z", "nodomain", "v/cl.ass", "/c", "é/c"])
@@ -64,4 +64,4 @@ def test_the_parts_kept_per_resource_name_give_builds_bytes_every_time(resource:
         physical = DeviceSet.of(Device(i) for i in ids)
         full = cdi_spec(resource, physical)
         for _ in range(2):
-            assert cdi.encode(resource, physical) == (None if full is None else full.encode())
+            assert cdi.encode_spec(resource, physical) == (None if full is None else full.encode())

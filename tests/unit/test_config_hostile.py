@@ -101,7 +101,7 @@ def unusable(cfg: Config) -> list[str]:
             found.append(f"metrics_address: {exc!r}")
     if not found:  # supervisord's own parser must read back the socket path we meant
         try:
-            rendered = supervise.render(cfg, TEMPLATE, journal=False, user="root")
+            rendered = supervise.render_conf(cfg, TEMPLATE, journal=False, user="root")
             parser = UnhosedConfigParser()
             parser.read_string(rendered)
             read_back = {
@@ -463,11 +463,11 @@ def test_supervisord_conf_is_replaced_whole(tmp_path: Path) -> None:
 
 
 def test_a_uid_without_a_passwd_entry_renders_without_user() -> None:
-    rendered = supervise.render(Config(), TEMPLATE, journal=False, user=None)
+    rendered = supervise.render_conf(Config(), TEMPLATE, journal=False, user=None)
     parser = UnhosedConfigParser()
     parser.read_string(rendered)
     assert not parser.has_option("supervisord", "user")
-    assert "user=root" in supervise.render(Config(), TEMPLATE, journal=False, user="root")
+    assert "user=root" in supervise.render_conf(Config(), TEMPLATE, journal=False, user="root")
 
 
 @pytest.mark.parametrize(

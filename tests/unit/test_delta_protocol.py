@@ -22,7 +22,7 @@ from colad.core.constants import HEALTHY, UNHEALTHY
 from colad.core.devices import Device, DeviceSet
 from colad.queue.device_wire import set_digest
 from colad.queue.messages import DeviceDelta, DeviceSnapshot, decode, encode
-from colad.queue.snapshots import Receiver, Verdict, apply_delta, apply_full
+from colad.queue.snapshots import Fate, Receiver, apply_delta, apply_full
 from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit
@@ -121,8 +121,8 @@ def _run(rng: random.Random, tally: Counter[str]) -> None:
         nonlocal conn, applied_last
         held = receiver.held.get(message.key)
         outcome = receiver.apply(message, source)
-        tally[f"{type(message).__name__}:{outcome.verdict.value}"] += 1
-        if outcome.verdict is Verdict.APPLIED:
+        tally[f"{type(message).__name__}:{outcome.fate.value}"] += 1
+        if outcome.fate is Fate.APPLIED:
             assert not corrupted, f"a corrupted delta was applied: {message}"
             assert outcome.snapshot is not None
             position = (outcome.snapshot.epoch, outcome.snapshot.seq)
@@ -131,7 +131,7 @@ def _run(rng: random.Random, tally: Counter[str]) -> None:
             if applied_last is not None and held is not None:
                 assert position > applied_last, "went back in time without a forget"
             applied_last = position
-        elif outcome.verdict is Verdict.RESYNC:
+        elif outcome.fate is Fate.RESYNC:
             # The plugin drops the connection; the sender reconnects with a full snapshot.
             receiver.forget_source(source)
             if source is conn:
@@ -204,11 +204,11 @@ def test_random_changes_and_faults_end_in_the_exact_list() -> None:
     for _ in range(RUNS):
         _run(rng, tally)
     print(dict(sorted(tally.items())))
-    # The run must have exercised every fault and every verdict, or it proves little.
+    # The run must have exercised every fault and every fate, or it proves little.
     for fault in ("drop", "duplicate", "reorder", "replay", "corrupt", "restart_sender", "restart_receiver"):
         assert tally[f"fault:{fault}"] > 0, fault
-    for verdict in ("applied", "stale", "resync"):
-        assert tally[f"DeviceDelta:{verdict}"] > 0, verdict
+    for fate in ("applied", "stale", "resync"):
+        assert tally[f"DeviceDelta:{fate}"] > 0, fate
     assert tally["DeviceSnapshot:applied"] > 0 and tally["DeviceSnapshot:stale"] > 0
 
 
@@ -224,7 +224,7 @@ def test_deltas_survive_the_wire() -> None:
         message: Wire = found if found is not None else DeviceSnapshot(7, seq, new)
         assert decode(encode(message)) == message
         outcome = receiver.apply(decode(encode(message)))
-        assert outcome.verdict is Verdict.APPLIED and outcome.snapshot is not None
+        assert outcome.fate is Fate.APPLIED and outcome.snapshot is not None
         assert outcome.snapshot.devices == new
         assert digest == set_digest(new)
         old = new
@@ -246,27 +246,25 @@ def test_a_delta_on_its_base_applies() -> None:
     held, _ = apply_full(None, DeviceSnapshot(1, 5, AB), "c1")
     new = DeviceSet.of([A, C])
     _, outcome = apply_delta(held, _delta(5, 6, (C,), ("b",), new), "c1")
-    assert outcome.verdict is Verdict.APPLIED and outcome.snapshot is not None
+    assert outcome.fate is Fate.APPLIED and outcome.snapshot is not None
     assert outcome.snapshot.devices == new
 
 
 @pytest.mark.parametrize(
-    ("message", "verdict", "reason"),
+    ("message", "fate", "reason"),
     [
-        pytest.param(_delta(4, 6, (C,), (), DeviceSet.of([A, B, C])), Verdict.RESYNC, "gap", id="gap"),
-        pytest.param(_delta(5, 6, (C,), (), AB), Verdict.RESYNC, "digest mismatch", id="digest-mismatch"),
-        pytest.param(_delta(5, 6, (), ("c",), AB), Verdict.RESYNC, "not held", id="remove-unknown"),
-        pytest.param(_delta(4, 5, (C,), (), AB), Verdict.STALE, "not newer", id="duplicate"),
-        pytest.param(_delta(1, 2, (C,), (), AB), Verdict.STALE, "not newer", id="replay"),
-        pytest.param(
-            dataclasses.replace(_delta(5, 6, (), (), AB), epoch=2), Verdict.RESYNC, "gap", id="new-epoch-delta"
-        ),
+        pytest.param(_delta(4, 6, (C,), (), DeviceSet.of([A, B, C])), Fate.RESYNC, "gap", id="gap"),
+        pytest.param(_delta(5, 6, (C,), (), AB), Fate.RESYNC, "digest mismatch", id="digest-mismatch"),
+        pytest.param(_delta(5, 6, (), ("c",), AB), Fate.RESYNC, "not held", id="remove-unknown"),
+        pytest.param(_delta(4, 5, (C,), (), AB), Fate.STALE, "not newer", id="duplicate"),
+        pytest.param(_delta(1, 2, (C,), (), AB), Fate.STALE, "not newer", id="replay"),
+        pytest.param(dataclasses.replace(_delta(5, 6, (), (), AB), epoch=2), Fate.RESYNC, "gap", id="new-epoch-delta"),
     ],
 )
-def test_a_delta_that_cannot_apply(message: DeviceDelta, verdict: Verdict, reason: str) -> None:
+def test_a_delta_that_cannot_apply(message: DeviceDelta, fate: Fate, reason: str) -> None:
     held, _ = apply_full(None, DeviceSnapshot(1, 5, AB), "c1")
     after, outcome = apply_delta(held, message, "c1")
-    assert (outcome.verdict, outcome.snapshot) == (verdict, None)
+    assert (outcome.fate, outcome.snapshot) == (fate, None)
     assert reason in outcome.reason
     assert after is not None and after.snapshot.devices == AB
 
@@ -274,23 +272,23 @@ def test_a_delta_that_cannot_apply(message: DeviceDelta, verdict: Verdict, reaso
 def test_after_a_resync_only_a_full_snapshot_applies() -> None:
     receiver = Receiver()
     receiver.apply(DeviceSnapshot(1, 5, AB), "c1")
-    assert receiver.apply(_delta(6, 7, (C,), (), DeviceSet.of([A, B, C])), "c1").verdict is Verdict.RESYNC
+    assert receiver.apply(_delta(6, 7, (C,), (), DeviceSet.of([A, B, C])), "c1").fate is Fate.RESYNC
     # The next delta would fit the held set, but the stream is out of sync until a full snapshot.
-    assert receiver.apply(_delta(5, 8, (C,), (), DeviceSet.of([A, B, C])), "c1").verdict is Verdict.RESYNC
-    assert receiver.apply(DeviceSnapshot(1, 9, DeviceSet.of([C])), "c2").verdict is Verdict.APPLIED
-    assert receiver.apply(_delta(9, 10, (A,), (), DeviceSet.of([A, C])), "c2").verdict is Verdict.APPLIED
+    assert receiver.apply(_delta(5, 8, (C,), (), DeviceSet.of([A, B, C])), "c1").fate is Fate.RESYNC
+    assert receiver.apply(DeviceSnapshot(1, 9, DeviceSet.of([C])), "c2").fate is Fate.APPLIED
+    assert receiver.apply(_delta(9, 10, (A,), (), DeviceSet.of([A, C])), "c2").fate is Fate.APPLIED
 
 
 def test_a_delta_without_a_base_asks_for_a_resync() -> None:
-    assert Receiver().apply(_delta(5, 6, (C,), (), DeviceSet.of([C]))).verdict is Verdict.RESYNC
+    assert Receiver().apply(_delta(5, 6, (C,), (), DeviceSet.of([C]))).fate is Fate.RESYNC
 
 
 def test_forget_source_lets_a_restarted_sender_with_an_earlier_clock_in() -> None:
     receiver = Receiver()
     receiver.apply(DeviceSnapshot(100, 5, AB), "old")
-    assert receiver.apply(DeviceSnapshot(90, 1, DeviceSet()), "new").verdict is Verdict.STALE
+    assert receiver.apply(DeviceSnapshot(90, 1, DeviceSet()), "new").fate is Fate.STALE
     receiver.forget_source("old")
-    assert receiver.apply(DeviceSnapshot(90, 1, DeviceSet()), "new").verdict is Verdict.APPLIED
+    assert receiver.apply(DeviceSnapshot(90, 1, DeviceSet()), "new").fate is Fate.APPLIED
 
 
 def test_a_big_change_is_sent_whole() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from colad.core import registration as reg
 from colad.core.devices import Device, DeviceSet
-from colad.plugin.endpoint import SentBroadcast
+from colad.plugin.registrar import SentBroadcast
 
 pytestmark = pytest.mark.unit
 

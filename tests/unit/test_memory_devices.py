@@ -50,7 +50,7 @@ def test_a_bare_device_costs_at_most_its_slots() -> None:
 def test_reading_what_is_kept_makes_no_dict() -> None:
     device = Device("cola1")
     devices.replicas_of(device, 2)
-    cdi.encode("myway5.com/cola", devices.DeviceSet.of([device]))
+    cdi.encode_spec("myway5.com/cola", devices.DeviceSet.of([device]))
     assert getattr(device, "_colad_replicas", None) is not None
     assert getattr(device, "_cdi_encoded", None) is not None
     device_list.list_entry(device)
@@ -61,7 +61,7 @@ def test_reading_what_is_kept_makes_no_dict() -> None:
 def test_kept_values_are_no_part_of_the_device() -> None:
     a, b = Device("cola1", numa_nodes=(0,)), Device("cola1", numa_nodes=(0,))
     devices.replicas_of(a, 3)
-    cdi.encode("myway5.com/cola", devices.DeviceSet.of([a]))
+    cdi.encode_spec("myway5.com/cola", devices.DeviceSet.of([a]))
     assert a == b and hash(a) == hash(b) and not a < b and not b < a
     assert repr(a) == repr(b)
     assert dataclasses.asdict(a) == dataclasses.asdict(b)

@@ -2,7 +2,7 @@
 
 A table with a clash for each lossy mapping (config.load -> one line naming both names and the thing),
 a seeded property over random pairs of valid names checked against the real writers (cdi.SpecWriter,
-nfd.render/parse), the device-ID mappings over random IDs, and a scan of the package that fails
+nfd.render_features/parse), the device-ID mappings over random IDs, and a scan of the package that fails
 when a function deriving a name from a resource name or a device ID is not in namemap's table.
 """
 
@@ -132,7 +132,7 @@ def test_the_label_keys_are_those_nfd_publishes_from_the_feature_file(prefix: st
     rng = random.Random(7)
     for _ in range(300):
         name = random_name(rng)
-        published = nfd_labels(nfd.render([(name, devices.DeviceSet.of([]))], prefix))
+        published = nfd_labels(nfd.render_features([(name, devices.DeviceSet.of([]))], prefix))
         full = {k if "/" in k else f"{namemap.NFD_DEFAULT_PREFIX}/{k}" for k in published}
         assert full == set(namemap.nfd_label_keys(name, prefix)), name
 
@@ -190,7 +190,7 @@ def real_clash(cfg: Config, a: str, b: str, tmp: Path) -> bool:
             return True
     if cfg.nfd_features_file:
         empty = devices.DeviceSet.of([])
-        labels = nfd_labels(nfd.render([(a, empty), (b, empty)], cfg.nfd_label_prefix))
+        labels = nfd_labels(nfd.render_features([(a, empty), (b, empty)], cfg.nfd_label_prefix))
         if len(labels) < 2 * len(namemap.NFD_LABEL_SUFFIXES):
             return True
     return False

@@ -22,7 +22,7 @@ SET = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("broken", UN
 
 
 def test_contents() -> None:
-    data = nfd.render([(RESOURCE, SET)])
+    data = nfd.render_features([(RESOURCE, SET)])
     assert data.decode() == (
         "# Written by colad: presence and healthy counts of its resources. Do not edit.\n"
         "myway5.com-cola.present=true\n"
@@ -44,13 +44,13 @@ def test_replicas_count_physical_devices_and_one_unhealthy_replica_makes_its_dev
 
 
 def test_empty_resource_is_present_false_and_several_resources_are_sorted() -> None:
-    labels = nfd_labels(nfd.render([("z.example.com/x", DeviceSet()), (RESOURCE, SET)], prefix=""))
+    labels = nfd_labels(nfd.render_features([("z.example.com/x", DeviceSet()), (RESOURCE, SET)], prefix=""))
     assert labels["z.example.com-x.present"] == "false" and labels["z.example.com-x.healthy"] == "0"
     assert list(labels)[:3] == ["myway5.com-cola.present", "myway5.com-cola.devices", "myway5.com-cola.healthy"]
 
 
 def test_prefix_and_expiry() -> None:
-    data = nfd.render([(RESOURCE, SET)], prefix="myway5.com", expires="2030-01-01T00:00:00Z")
+    data = nfd.render_features([(RESOURCE, SET)], prefix="myway5.com", expires="2030-01-01T00:00:00Z")
     assert b"# +expiry-time=2030-01-01T00:00:00Z\n" in data
     assert nfd_labels(data)["myway5.com/cola.healthy"] == "2"
 
@@ -67,7 +67,7 @@ def test_prefix_and_expiry() -> None:
 )
 def test_label_problem(resource: str, prefix: str, bad: bool) -> None:
     assert (nfd.label_problem(resource, prefix) is not None) is bad
-    labels = nfd_labels(nfd.render([(resource, SET)], prefix))
+    labels = nfd_labels(nfd.render_features([(resource, SET)], prefix))
     assert (labels == {}) is bad
     for key, value in labels.items():
         assert LABEL_KEY.match(key) and len(key.rpartition("/")[2]) <= 63 and LABEL_VALUE.match(value), key
@@ -75,16 +75,16 @@ def test_label_problem(resource: str, prefix: str, bad: bool) -> None:
 
 def test_many_resources_fit_nfds_file_limit() -> None:
     resources = [(f"example{i}.com/res{i}", SET) for i in range(300)]
-    assert len(nfd.render(resources)) < nfd.MAX_FEATURE_FILE_BYTES
+    assert len(nfd.render_features(resources)) < nfd.MAX_FEATURE_FILE_BYTES
 
 
 def test_writer_is_atomic_idempotent_and_hidden_while_writing(tmp_path: Path) -> None:
     path = tmp_path / "features.d" / "colad"
     writer = nfd.FeatureFileWriter(str(path))
-    data = nfd.render([(RESOURCE, SET)])
+    data = nfd.render_features([(RESOURCE, SET)])
     assert writer.write(data) is True and path.read_bytes() == data
     inode = path.stat().st_ino
     assert writer.write(data) is False and path.stat().st_ino == inode
-    assert writer.write(nfd.render([(RESOURCE, DeviceSet())])) is True and path.stat().st_ino != inode
+    assert writer.write(nfd.render_features([(RESOURCE, DeviceSet())])) is True and path.stat().st_ino != inode
     assert os.listdir(path.parent) == ["colad"]  # no temporary left behind (they would be dotfiles)
     assert writer.remove() is True and not path.exists() and writer.remove() is False

@@ -1,10 +1,10 @@
 """The CDI spec and the NFD file built from kept parts equal the full build, byte for byte.
 
-cdi.encode() joins the entries kept on each Device (as discovery holds them from change to
+cdi.encode_spec() joins the entries kept on each Device (as discovery holds them from change to
 change) and must give exactly cdi_spec(name, replicate(set, replicas)).encode(): random
 sequences of adds, edits, health changes and removals over devices with envs, device nodes,
 mounts, digit-leading, escaped and non-CDI names, at 1 to 3 replicas. cdi.same_entry() says
-when a change leaves the spec alone; nfd.render() of Counts equals that of the set.
+when a change leaves the spec alone; nfd.render_features() of Counts equals that of the set.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_encode_from_kept_entries_equals_the_full_build(seed: int) -> None:
             del held[rng.choice(sorted(held))]
         physical = DeviceSet.of(held.values())  # the same Device objects from change to change
         full = cdi_spec(RESOURCE, replicate(physical, replicas))
-        assert cdi.encode(RESOURCE, physical, replicas) == (None if full is None else full.encode())
+        assert cdi.encode_spec(RESOURCE, physical, replicas) == (None if full is None else full.encode())
 
 
 def test_same_entry_follows_every_field_the_spec_carries() -> None:
@@ -79,9 +79,9 @@ def test_same_entry_follows_every_field_the_spec_carries() -> None:
 
 
 def test_a_kind_that_is_no_cdi_kind_and_a_set_of_no_cdi_names_give_no_spec() -> None:
-    assert cdi.encode("nodomain", DeviceSet.of([Device("a")])) is None
-    assert cdi.encode(RESOURCE, DeviceSet.of([Device("ends-")])) is None
-    assert cdi.encode(RESOURCE, DeviceSet()) is None
+    assert cdi.encode_spec("nodomain", DeviceSet.of([Device("a")])) is None
+    assert cdi.encode_spec(RESOURCE, DeviceSet.of([Device("ends-")])) is None
+    assert cdi.encode_spec(RESOURCE, DeviceSet()) is None
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -92,5 +92,5 @@ def test_nfd_render_of_counts_equals_that_of_the_set(seed: int) -> None:
         physical = DeviceSet.of(_device(rng, f"d{i}") for i in range(rng.randint(0, 30)))
         sick = sum(d.health == UNHEALTHY for d in physical)
         sets.append((f"example.com/r{r}", physical, nfd.Counts(len(physical), len(physical) - sick)))
-    full = nfd.render([(name, s) for name, s, _ in sets], "", "2030-01-01T00:00:00Z")
-    assert nfd.render([(name, c) for name, _, c in sets], "", "2030-01-01T00:00:00Z") == full
+    full = nfd.render_features([(name, s) for name, s, _ in sets], "", "2030-01-01T00:00:00Z")
+    assert nfd.render_features([(name, c) for name, _, c in sets], "", "2030-01-01T00:00:00Z") == full

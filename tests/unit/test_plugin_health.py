@@ -17,7 +17,7 @@ import pytest
 
 from colad.cli import status
 from colad.core import constants
-from colad.health.rule import Published, RoleView, assess, degraded, readiness, role_view, verdict
+from colad.health.rule import PluginSnapshot, RoleView, assess, degraded, readiness, role_view, verdict
 from colad.outputs import statefile
 from colad.outputs.statefile import ListCut, PluginState, ReloadResult, ResourceState
 from colad.runtime import procid
@@ -27,10 +27,10 @@ NOW = 1000.0
 GOOD = ResourceState(name="x.io/cola", state="registered", registered=True, devices=2, healthy=2, streams=1)
 
 
-def published(*resources: ResourceState, **fields: Any) -> Published:
+def snapshot(*resources: ResourceState, **fields: Any) -> PluginSnapshot:
     state_fields = {k: fields.pop(k) for k in ("reload",) if k in fields}
     state = PluginState(pid=1, resources=resources or (GOOD,), **state_fields)
-    return Published(state, discovery_heard=NOW - 1, rescan_interval=30.0, **fields)
+    return PluginSnapshot(state, discovery_heard=NOW - 1, rescan_interval=30.0, **fields)
 
 
 def info(name: str, state: str) -> dict[str, object]:
@@ -66,18 +66,20 @@ def test_the_role_rule(
 BACKOFF = replace(GOOD, state="backoff", registered=False, last_error="kubelet.sock absent")
 REFUSED = ReloadResult(at=1.0, ok=False, reason="bad key")
 UNHEALTHY = [
-    ("not-registered", published(BACKOFF), None, "not registered: backoff (kubelet.sock absent)"),
-    ("list-cut", published(replace(GOOD, cut=ListCut(10, 100, 5))), None, "list cut to 95 of 100"),
-    ("role-down", published(), RoleView(("discovery is FATAL",)), "discovery is FATAL"),
-    ("discovery-silent", replace(published(), discovery_heard=NOW - 500), None, "discovery silent for 500s"),
-    ("queue", published(queue_problem="queue.sock is a FIFO"), None, "queue not listening: queue.sock is a FIFO"),
-    ("state-file", published(state_file_problem="state file not written"), None, "state file not written"),
-    ("reload-refused", published(reload=REFUSED), None, "last reload refused, the running config stays: bad key"),
+    ("not-registered", snapshot(BACKOFF), None, "not registered: backoff (kubelet.sock absent)"),
+    ("list-cut", snapshot(replace(GOOD, cut=ListCut(10, 100, 5))), None, "list cut to 95 of 100"),
+    ("role-down", snapshot(), RoleView(("discovery is FATAL",)), "discovery is FATAL"),
+    ("discovery-silent", replace(snapshot(), discovery_heard=NOW - 500), None, "discovery silent for 500s"),
+    ("queue", snapshot(queue_problem="queue.sock is a FIFO"), None, "queue not listening: queue.sock is a FIFO"),
+    ("state-file", snapshot(state_file_problem="state file not written"), None, "state file not written"),
+    ("reload-refused", snapshot(reload=REFUSED), None, "last reload refused, the running config stays: bad key"),
 ]
 
 
 @pytest.mark.parametrize(("pub", "roles", "needle"), [row[1:] for row in UNHEALTHY], ids=[row[0] for row in UNHEALTHY])
-def test_each_problem_makes_healthz_and_status_unhealthy(pub: Published, roles: RoleView | None, needle: str) -> None:
+def test_each_problem_makes_healthz_and_status_unhealthy(
+    pub: PluginSnapshot, roles: RoleView | None, needle: str
+) -> None:
     found = assess(pub, roles, NOW)
     assert not found.ok and any(needle in p for p in found.problems), found
     assert found.waiting == ()
@@ -86,15 +88,15 @@ def test_each_problem_makes_healthz_and_status_unhealthy(pub: Published, roles: 
 
 
 WAITING = [
-    ("starting", published(replace(GOOD, state="starting", registered=False, streams=0)), None),
-    ("registering", published(replace(GOOD, state="registering", registered=False, streams=0)), None),
-    ("no-stream-yet", published(replace(GOOD, streams=0)), None),
-    ("plugin-in-startsecs", published(BACKOFF), RoleView((), ("plugin",))),
+    ("starting", snapshot(replace(GOOD, state="starting", registered=False, streams=0)), None),
+    ("registering", snapshot(replace(GOOD, state="registering", registered=False, streams=0)), None),
+    ("no-stream-yet", snapshot(replace(GOOD, streams=0)), None),
+    ("plugin-in-startsecs", snapshot(BACKOFF), RoleView((), ("plugin",))),
 ]
 
 
 @pytest.mark.parametrize(("pub", "roles"), [row[1:] for row in WAITING], ids=[row[0] for row in WAITING])
-def test_on_its_way_is_waiting_not_degraded(pub: Published, roles: RoleView | None) -> None:
+def test_on_its_way_is_waiting_not_degraded(pub: PluginSnapshot, roles: RoleView | None) -> None:
     found = assess(pub, roles, NOW)
     assert not found.ok and found.problems == () and found.waiting, found
     assert verdict(pub, roles, NOW)[0] is False  # /healthz: 503 all the same
@@ -102,10 +104,10 @@ def test_on_its_way_is_waiting_not_degraded(pub: Published, roles: RoleView | No
 
 
 def test_healthy_is_200_and_exit_0_and_starting_roles_are_not_a_problem() -> None:
-    found = assess(published(), RoleView((), ("discovery",)), NOW)
+    found = assess(snapshot(), RoleView((), ("discovery",)), NOW)
     assert found.ok and found.line() == "ok: registered as x.io/cola, 2 devices"
     assert status.exit_code({"running": True, "problems": [], "waiting": []}) == 0
-    unasked = assess(published(), None, NOW, unasked="status socket gone")
+    unasked = assess(snapshot(), None, NOW, unasked="status socket gone")
     assert not unasked.ok and unasked.problems == ("status socket gone",)
 
 
@@ -180,7 +182,7 @@ def test_status_without_an_answer_shows_the_file_as_not_live_and_never_healthy(
     assert report["source"]["live"] is False and note in report["source"]["writer"], report["source"]
     assert status.exit_code({"running": True, **report}) == 1
     assert any("plugin not answering: no answer within 3s" in p for p in report["problems"])
-    text = status.render({**report, "in_use": None})
+    text = status.render_status({**report, "in_use": None})
     assert (
         "NOT LIVE" in text
         and "registered: yes (registered since" in text
@@ -204,7 +206,7 @@ def test_an_unreadable_state_file_is_no_source_and_no_health(tmp_path: Path, con
     assert report["source"]["live"] is False and "plugin.json" in report["source"]["note"]
     assert report.get("plugin") is None
     assert status.exit_code({"running": True, **report}) == 4  # the plugin is in its startsecs: waiting
-    assert "none: the plugin does not answer" in status.render({**report, "in_use": None})
+    assert "none: the plugin does not answer" in status.render_status({**report, "in_use": None})
 
 
 @pytest.mark.parametrize(
@@ -230,7 +232,7 @@ def test_degraded_is_healthy_and_ready_and_says_so() -> None:
     )
     text = "discovery polls every 1s (inotify limit fs.inotify.max_user_watches reached)"
     state = PluginState(pid=1, resources=(resource,), kubelet="k", degraded=(text,))
-    found = Published(state, discovery_heard=0.0, rescan_interval=30.0)
+    found = PluginSnapshot(state, discovery_heard=0.0, rescan_interval=30.0)
     ok, reason = verdict(found, RoleView(), now=1.0)
     assert ok and reason.endswith("; degraded: " + text), reason
     ready, why = readiness(found, now=1.0)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from colad.jobs.probes import MAX_REASON, Verdict, first_line, outcome
+from colad.jobs.probes import MAX_REASON, ProbeResult, first_line, outcome
 
 pytestmark = pytest.mark.unit
 
@@ -31,18 +31,18 @@ def test_first_line(output: bytes, line: str) -> None:
 @pytest.mark.parametrize(
     ("returncode", "output", "timeout", "verdict"),
     [
-        (0, b"", None, Verdict(True)),
-        (0, b"all good\n", None, Verdict(True)),
-        (1, b"fan stalled\n", None, Verdict(False, "fan stalled")),
-        (3, b"", None, Verdict(False, "exit status 3")),
-        (-signal.SIGSEGV, b"", None, Verdict(False, "killed by SIGSEGV")),
-        (-signal.SIGKILL, b"oom\n", None, Verdict(False, "killed by SIGKILL: oom")),
-        (-200, b"", None, Verdict(False, "killed by signal 200")),
-        (None, b"", 2.5, Verdict(False, "timed out after 2.5s")),
-        (None, b"waiting for firmware\n", 5, Verdict(False, "timed out after 5s: waiting for firmware")),
+        (0, b"", None, ProbeResult(True)),
+        (0, b"all good\n", None, ProbeResult(True)),
+        (1, b"fan stalled\n", None, ProbeResult(False, "fan stalled")),
+        (3, b"", None, ProbeResult(False, "exit status 3")),
+        (-signal.SIGSEGV, b"", None, ProbeResult(False, "killed by SIGSEGV")),
+        (-signal.SIGKILL, b"oom\n", None, ProbeResult(False, "killed by SIGKILL: oom")),
+        (-200, b"", None, ProbeResult(False, "killed by signal 200")),
+        (None, b"", 2.5, ProbeResult(False, "timed out after 2.5s")),
+        (None, b"waiting for firmware\n", 5, ProbeResult(False, "timed out after 5s: waiting for firmware")),
     ],
 )
-def test_outcome(returncode: int | None, output: bytes, timeout: float | None, verdict: Verdict) -> None:
+def test_outcome(returncode: int | None, output: bytes, timeout: float | None, verdict: ProbeResult) -> None:
     assert outcome(returncode, output, timeout) == verdict
 
 

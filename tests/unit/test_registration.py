@@ -819,7 +819,7 @@ def test_step_on_a_failed_effect(
 
 
 class SimulatedShell:
-    """Carries out effects as endpoint.py does, against a kubelet that accepts every Register.
+    """Carries out effects as registrar.py does, against a kubelet that accepts every Register.
 
     The effect numbered `fail_at` (counted across the whole pass) fails instead: it is posted back
     as EffectFailed and the effects after it in its step are dropped, as the real shell does. A

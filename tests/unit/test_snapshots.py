@@ -2,7 +2,7 @@
 
 The plugin publishes healthy/unhealthy counts, the state file's sick list and the ignored-prepare
 warning after every event; they are counted once per set and carried over each delta in O(change)
-(snapshots.apply_delta) and over replicas (Endpoint.advertise). Random delta sequences are checked
+(snapshots.apply_delta) and over replicas (ResourceRegistrar.advertise). Random delta sequences are checked
 against a count of the exact set held at each step. Seeded: COLAD_SEED=<n> repeats a failing run.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from colad.core.constants import HEALTHY, UNHEALTHY
 from colad.core.devices import Device, DeviceSet, replicate
 from colad.queue.messages import DeviceSnapshot
-from colad.queue.snapshots import _STATS, Receiver, SetStats, Verdict, keep_stats, stats_of
+from colad.queue.snapshots import _STATS, Fate, Receiver, SetStats, keep_stats, stats_of
 from tests.oracles import snapshot_delta
 
 pytestmark = pytest.mark.unit
@@ -57,7 +57,7 @@ def test_stats_carried_over_random_deltas_equal_a_fresh_count() -> None:
             new = DeviceSnapshot(1, seq, DeviceSet.of(by_id.values()), True, "r")
             message, digest = snapshot_delta(held, digest, new, seq - 1)
             outcome = receiver.apply(message if message is not None else new)
-            assert outcome.verdict is Verdict.APPLIED and outcome.snapshot is not None
+            assert outcome.fate is Fate.APPLIED and outcome.snapshot is not None
             got = outcome.snapshot.devices
             assert got == new.devices
             if message is not None:  # carried, not counted: the set holds them before anyone asks

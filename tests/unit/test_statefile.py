@@ -238,7 +238,7 @@ def test_status_prints_a_line_per_unhealthy_device() -> None:
         more=12,
     )
     plugin = statefile.to_json(PluginState(pid=3, resources=(ResourceState(name="x.io/y", sick=sick),)))
-    text = status.render({"processes": {}, "plugin": plugin, "problems": []})
+    text = status.render_status({"processes": {}, "plugin": plugin, "problems": []})
     assert text.splitlines()[-4:] == [
         "unhealthy:  cola2: probe /bin/check exited 1: \\x1b[31mfan stopped",
         "unhealthy:  cola3: malformed device file: line 2: bad key",
@@ -265,7 +265,7 @@ def test_check_shows_why_each_unhealthy_device_is() -> None:
     )
     check.add_reasons(report, state, "colad-1.sock")
     assert [d.why for d in report.devices or []] == ["", "probe fan: stopped\x07", "malformed device file: x", ""]
-    text = check.render([report], "ok")
+    text = check.render_reports([report], "ok")
     assert "why: probe fan: stopped\\x07" in text and "why: malformed device file: x" in text
     assert text.count("why:") == 2
     check.add_reasons(report, state, "colad-9.sock")  # another socket's resource: nothing changes

@@ -25,7 +25,7 @@ def parse(text: str) -> configparser.RawConfigParser:
 @pytest.mark.parametrize("journal", [False, True], ids=["terminal", "journal"])
 def test_template_renders_three_supervised_programs(journal: bool) -> None:
     cfg = Config(run_dir="/run/colad-test")
-    conf = parse(supervise.render(cfg, TEMPLATE, journal=journal))
+    conf = parse(supervise.render_conf(cfg, TEMPLATE, journal=journal))
     programs = [s.removeprefix("program:") for s in conf.sections() if s.startswith("program:")]
     assert programs == ["plugin", "discovery", "kubelet-watch"]
     for name in programs:
@@ -43,19 +43,19 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
     assert [s for s in conf.sections() if s.startswith("eventlistener:")] == []
     assert conf["rpcinterface:colad"]["supervisor.rpcinterface_factory"] == supervise.WATCHDOG_FACTORY
     assert conf["rpcinterface:colad"]["log_level"] == cfg.log_level
-    assert supervise.has_watchdog(supervise.render(cfg, TEMPLATE, journal=journal))
+    assert supervise.has_watchdog(supervise.render_conf(cfg, TEMPLATE, journal=journal))
     assert conf["unix_http_server"]["file"] == "/run/colad-test/supervisor.sock"
     assert conf["unix_http_server"]["chmod"] == "0700"
     assert conf["supervisord"]["nodaemon"] == "true"
     assert conf["supervisord"]["logfile"] == "/dev/null"
-    rendered = supervise.render(cfg, TEMPLATE, journal=True)
+    rendered = supervise.render_conf(cfg, TEMPLATE, journal=True)
     assert not [line for line in rendered.splitlines() if "/dev/stdout" in line and not line.startswith(";")]
 
 
 def test_a_template_from_before_the_in_process_watchdog_still_renders_and_is_told_apart() -> None:
     # A locally edited template (a conffile the upgrade kept) with the old listener and its ${listener_log}.
     old = "[supervisord]\n[eventlistener:watchdog]\ncommand=${python} -m colad watchdog\n${listener_log}\n"
-    rendered = supervise.render(Config(), old, journal=False)
+    rendered = supervise.render_conf(Config(), old, journal=False)
     assert "stderr_logfile=/dev/stdout" in rendered
     assert not supervise.has_watchdog(rendered)
     assert not supervise.has_watchdog("[rpcinterface:colad]\nsupervisor.rpcinterface_factory = other:factory\n")
@@ -64,7 +64,7 @@ def test_a_template_from_before_the_in_process_watchdog_still_renders_and_is_tol
 
 def test_a_bad_placeholder_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="supervisord_template"):
-        supervise.render(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
+        supervise.render_conf(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
 
 
 def test_journal_detection_compares_stdout_with_journal_stream(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,7 +75,7 @@ def test_journal_detection_compares_stdout_with_journal_stream(monkeypatch: pyte
 
 
 def test_the_waker_finds_the_pid_file_and_control_socket_of_the_shipped_template() -> None:
-    rendered = supervise.render(Config(run_dir="/run/colad-test"), TEMPLATE, journal=False)
+    rendered = supervise.render_conf(Config(run_dir="/run/colad-test"), TEMPLATE, journal=False)
     assert supervise.wake_paths(rendered) == ("/run/colad-test/supervisord.pid", "/run/colad-test/supervisor.sock")
 
 

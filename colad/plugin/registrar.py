@@ -30,7 +30,7 @@ from colad.plugin.events import Call, CallDone, EmptyListSent, ListSent, StopReq
 from colad.queue.messages import DeviceSnapshot
 from colad.queue.snapshots import keep_stats, stats_of
 from colad.runtime import dirpath, log
-from colad.runtime.kubeletdir import fresh_endpoint, socket_identity
+from colad.runtime.kubeletdir import fresh_socket_path, socket_identity
 
 LOG = log.get(__name__)
 SHUTDOWN_GRACE = 1.0  # seconds the server waits at shutdown for ended streams to flush (normally ms)
@@ -80,7 +80,7 @@ class SentBroadcast(DeviceBroadcast):
 
 @dataclass(frozen=True)
 class Context:
-    """What every endpoint of one plugin shares."""
+    """What every registrar of one plugin shares."""
 
     kubelet_dir: str
     kubelet_socket: str
@@ -90,13 +90,13 @@ class Context:
     post: Callable[[Any], None]
     wall: Callable[[], float]
     servers: Servers
-    taken: Callable[[], set[str]]  # socket paths the other endpoints serve on
+    taken: Callable[[], set[str]]  # socket paths the other registrars serve on
     cdi_mode: Callable[[], str] = lambda: "both"  # the config's `cdi`, read per Allocate (a reload may change it)
     cdi_spec_dir: Callable[[], str] = lambda: ""  # the config's `cdi_spec_dir`, read per Allocate as well
     trusted: Callable[[], frozenset[int]] = lambda: trust.ROOT_ONLY  # Config.trusted_uids, per PreStartContainer
 
 
-class Endpoint:
+class ResourceRegistrar:
     """A resource's broadcast, server, socket and calls; `state` is its pure registration record."""
 
     def __init__(self, ctx: Context, resource: Resource, now: float) -> None:
@@ -210,7 +210,7 @@ class Endpoint:
     def _serve(self, generation: int) -> reg.Served:
         """Serve on a fresh, unique socket: the kubelet keys endpoints by socket path."""
         os.makedirs(self.ctx.kubelet_dir, mode=0o750, exist_ok=True)
-        path = fresh_endpoint(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
+        path = fresh_socket_path(self.ctx.kubelet_dir, self.ctx.wall(), self.ctx.taken())
         post, name = self.ctx.post, self.name
 
         broadcast = self.broadcast
@@ -392,7 +392,7 @@ class Endpoint:
         for effect in left + [reg.CancelCall(call) for call in self.calls]:
             self.carry_out(effect, now)
 
-    def published(self) -> ResourceState:
+    def resource_state(self) -> ResourceState:
         advertised, state, fit = self.broadcast.devices, self.state, self.fit
         stats = stats_of(advertised)  # once per set; carried over a delta (snapshots.Receiver) and replicas
         return ResourceState(
@@ -419,7 +419,7 @@ class Endpoint:
 
 
 def withdraw(
-    endpoints: list[Endpoint],
+    registrars: list[ResourceRegistrar],
     events: queue.SimpleQueue[Any],
     deferred: deque[Any],
     clock: Callable[[], float],
@@ -432,9 +432,9 @@ def withdraw(
     events that arrive meanwhile go to `deferred`, in order, for its loop.
     """
     now = clock()
-    for endpoint in endpoints:
-        endpoint.apply(reg.Withdraw(), now)
-    waiting = {e.name for e in endpoints if e.draining}
+    for registrar in registrars:
+        registrar.apply(reg.Withdraw(), now)
+    waiting = {e.name for e in registrars if e.draining}
     deadline = now + wait
     while waiting and (left := deadline - clock()) > 0:
         try:

@@ -1,4 +1,4 @@
-"""colad.plugin.endpoint's effect boundary: real gRPC, the strict fake kubelet, faults at the seams.
+"""colad.plugin.registrar's effect boundary: real gRPC, the strict fake kubelet, faults at the seams.
 
 The plugin runs in a thread of the test. Its servers and Register calls are the real ones, made
 through the injected `Servers` factory, which here makes one seam fail for as long as the test
@@ -20,8 +20,8 @@ import pytest
 from colad.core.devices import Device, DeviceSet
 from colad.core.registration import REGISTER_BACKOFF_MAX
 from colad.deviceplugin.service import DevicePluginServicer, RegisterCall, build_server
-from colad.plugin.endpoint import Servers
 from colad.plugin.main import Plugin
+from colad.plugin.registrar import Servers
 from colad.queue.framing import Peer
 from colad.queue.messages import DeviceSnapshot, KubeletState
 from tests.fakes.kubelet import FakeKubelet
@@ -91,7 +91,7 @@ class Running:
         self.plugin.on_message(KubeletState(1, 1), Peer(os.getpid(), 0, 0))
 
     def registered(self) -> bool:
-        state = self.plugin.published.state.resources[0]
+        state = self.plugin.snapshot.state.resources[0]
         return state.registered and state.streams == 1 and self.kubelet.devices(RESOURCE) == {"cola1": "Healthy"}
 
     def failures(self, effect: str) -> float | None:
@@ -135,7 +135,7 @@ def test_an_effect_failing_across_a_kubelet_restart_is_published_then_registrati
     running.watcher_reports()
 
     def failing() -> str | None:
-        state = running.plugin.published.state.resources[0]
+        state = running.plugin.snapshot.state.resources[0]
         ok, reason = running.plugin.health()
         wanted = f"{effect} failed: RuntimeError: {NO_THREAD}"
         return reason if state.state == "backoff" and state.last_error == wanted and not ok else None

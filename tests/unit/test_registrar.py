@@ -1,7 +1,7 @@
-"""Unit tests for colad.plugin.endpoint's effect boundary: however an effect fails, the registration hears of it.
+"""Unit tests for colad.plugin.registrar's effect boundary: however an effect fails, the registration hears of it.
 
-`Endpoint.carry_out` is the one place every effect of registration.step is carried out: a test
-endpoint whose `_execute` raises stands in for each way the real one can fail (a thread that cannot
+`ResourceRegistrar.carry_out` is the one place every effect of registration.step is carried out: a test
+registrar whose `_execute` raises stands in for each way the real one can fail (a thread that cannot
 start, a file limit, memory), for every effect type the machine has, read from the module.
 """
 
@@ -17,7 +17,7 @@ from colad.config.config import Resource
 from colad.core import registration as reg
 from colad.metrics.registry import Metrics
 from colad.outputs.socketpath import SocketRecord
-from colad.plugin.endpoint import Context, Endpoint, Servers
+from colad.plugin.registrar import Context, ResourceRegistrar, Servers
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ def sample(kind: type) -> reg.Effect:
     return effect
 
 
-class FailingEndpoint(Endpoint):
+class FailingRegistrar(ResourceRegistrar):
     """Carries out nothing itself: each effect raises `failure` if it is of a type in `failing`."""
 
     def __init__(self, ctx: Context, failure: BaseException, failing: tuple[type, ...]) -> None:
@@ -78,11 +78,11 @@ def test_any_failure_of_any_effect_is_an_event_one_line_and_a_count(
     kind: type, failure: BaseException, error: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics = Metrics()
-    endpoint = FailingEndpoint(context(tmp_path, metrics), failure, (kind,))
+    registrar = FailingRegistrar(context(tmp_path, metrics), failure, (kind,))
     effect = sample(kind)
     assert failures(metrics, reg.effect_name(kind)) == 0.0  # the series is there from the start
     with caplog.at_level(logging.WARNING):
-        answer = endpoint.carry_out(effect, 5.0)
+        answer = registrar.carry_out(effect, 5.0)
     assert answer == reg.EffectFailed(effect, error)
     assert failures(metrics, reg.effect_name(kind)) == 1.0
     lines = [r for r in caplog.records if "registration effect failed" in r.getMessage()]
@@ -92,8 +92,8 @@ def test_any_failure_of_any_effect_is_an_event_one_line_and_a_count(
 
 def test_the_effects_after_a_failed_one_are_dropped_and_the_registration_backs_off(tmp_path: Path) -> None:
     metrics = Metrics()
-    endpoint = FailingEndpoint(context(tmp_path, metrics), RuntimeError("can't start new thread"), (reg.StopServer,))
-    endpoint.state = reg.Registration(
+    registrar = FailingRegistrar(context(tmp_path, metrics), RuntimeError("can't start new thread"), (reg.StopServer,))
+    registrar.state = reg.Registration(
         started=0.0,
         phase=reg.Phase.REGISTERED,
         generation=1,
@@ -103,13 +103,13 @@ def test_the_effects_after_a_failed_one_are_dropped_and_the_registration_backs_o
         have_devices=True,
         streams=((1, 1),),
     )
-    endpoint.apply(reg.KubeletSeen("1:9:9", True, "watcher"), 10.0)
+    registrar.apply(reg.KubeletSeen("1:9:9", True, "watcher"), 10.0)
     error = "stop_server failed: RuntimeError: can't start new thread"
     # Serve(2) assumed the old server had stopped: never carried out; the machine's answer to the failure is.
-    assert endpoint.done == [
+    assert registrar.done == [
         reg.StopServer(1),
         reg.RetryAt(10.0 + reg.BACKOFF_MIN, reg.BACKOFF_MIN, error),
         reg.Transition(reg.Phase.REGISTERED, reg.Phase.BACKOFF, error),
     ]
-    assert endpoint.state.phase is reg.Phase.BACKOFF and endpoint.state.last_error == error
-    assert endpoint.published().last_error == error
+    assert registrar.state.phase is reg.Phase.BACKOFF and registrar.state.last_error == error
+    assert registrar.resource_state().last_error == error
