@@ -119,6 +119,10 @@ def test_the_watch_limit_used_up_while_running_degrades_discovery_until_lifted(
 ) -> None:
     colad, limits = unlimited
     kubelet.wait_devices(BASE, timeout=30)
+    # kubelet-watch starts last (niced): its first look follows its watches, which the limit must find held.
+    wait_until(
+        lambda: colad.log_lines('proc=kubelet-watch msg="kubelet socket present"'), 10, "kubelet-watch's first look"
+    )
     limits.set(watches=0)  # the watches held stay; a new one is refused
     try:
         # The device directory replaced: its new inode needs a new watch, which the limit refuses.
