@@ -55,7 +55,7 @@ def template_path(cfg: Config) -> Path:
         return Path(cfg.supervisord_template)
     candidates = [
         Path(sys.prefix) / "share" / "colad" / constants.SUPERVISOR_CONF_NAME,  # pip and .deb installs
-        Path(__file__).resolve().parent.parent / "conf" / constants.SUPERVISOR_CONF_NAME,  # a source checkout
+        Path(__file__).resolve().parents[2] / "conf" / constants.SUPERVISOR_CONF_NAME,  # a source checkout
     ]
     for candidate in candidates:
         if candidate.is_file():
