@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import ab, measure
+from bench import measure
+from bench.phases import top_frames
 from bench.subjects import Baseline, Colad, PluginUnderTest, Subject, settle
 
 PHASES = ("change", "allocate", "allocate16")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n== perf {data.stem}: CPU per library (perf report -i {data} --sort dso)")
         for raw in sorted(Path(spy_dir).glob("pa-*.txt")):
             print(f"\n== py-spy {raw.stem}: inclusive samples per frame, GIL held ({raw})")
-            for n, frame in ab.top_frames(str(raw), 40):
+            for n, frame in top_frames(str(raw), 40):
                 print(f"  {n:6d} {frame}")
     return 0
 
