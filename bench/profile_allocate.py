@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import measure
+from bench import installed, measure
 from bench.phases import top_frames
 from bench.subjects import Baseline, Colad, PluginUnderTest, Subject, settle
 
@@ -57,9 +57,10 @@ def one_round(
         if name == "baseline":
             plugin = Baseline()
         else:
-            # This tree's own code, not whatever the installed colad is; --colad-env for this tree only.
-            plugin = Colad(tree=tree or str(REPO), extra_env=env if name == "new" else None)
-            plugin.name = name
+            # The tree's own code on its own interpreter, not whatever the installed colad is; --colad-env
+            # for this tree only.
+            path = Path(tree) if tree else REPO
+            plugin = Colad(installed.tree_python(path), env if name == "new" else None, tree=str(path), name=name)
         subjects.append(Subject(plugin, base / name))
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
     try:
