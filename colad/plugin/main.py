@@ -321,11 +321,11 @@ class Plugin:
         def load() -> None:
             try:
                 self.metrics.bind()
-                import colad.httpserver  # noqa: F401 - loaded here, used by _observers_loaded
-                import colad.podresources  # noqa: F401
-                import colad.prestart  # noqa: F401 - before the first PreStartContainer needs it
-                import colad.status_socket  # noqa: F401
-                import colad.supervisor_rpc  # noqa: F401
+                import colad.health.supervisor  # noqa: F401 - loaded here, used by _observers_loaded
+                import colad.jobs.prestart  # noqa: F401 - before the first PreStartContainer needs it
+                import colad.metrics.httpserver  # noqa: F401
+                import colad.plugin.podresources  # noqa: F401
+                import colad.plugin.status_socket  # noqa: F401
             except Exception as exc:  # a broken install: the plugin still serves the kubelet
                 LOG.exception("metrics and health not available")
                 self.events.put(ev.ObserversLoaded(str(exc) or type(exc).__name__))
