@@ -26,12 +26,6 @@ VARIANTS = {
 }
 
 
-def variant(python: str, name: str) -> Colad:
-    colad = Colad(python, extra_env=VARIANTS[name])
-    colad.name = name  # the figures' key
-    return colad
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -43,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     try:
         for r in range(args.rounds):
-            plugins: list[PluginUnderTest] = [Baseline(python), *(variant(python, n) for n in VARIANTS)]
+            plugins: list[PluginUnderTest] = [Baseline(python), *(Colad(python, VARIANTS[n], name=n) for n in VARIANTS)]
             if r % 2:
                 plugins.reverse()
             rounds.append(split_floor.one_round(plugins, args.changes))

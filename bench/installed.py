@@ -31,19 +31,26 @@ def editable_hooks(python: str) -> list[str]:
     return sorted(p for d in _site_packages(python) for p in glob.glob(os.path.join(d, "__editable__*.pth")))
 
 
-def byte_compile(python: str) -> None:
-    """Compile colad/ and bench/ for `python` (its own cache tag), as an install does."""
+def tree_python(tree: Path) -> str:
+    """The interpreter a checkout runs on: its own `make setup` venv, or this one if it has none."""
+    own = tree / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
+def byte_compile(python: str, tree: Path = REPO) -> None:
+    """Compile the checkout's colad/ and bench/ for `python` (its own cache tag), as an install does."""
     if python == sys.executable:
         for name in COMPILED:
-            compileall.compile_dir(REPO / name, quiet=1)
+            compileall.compile_dir(tree / name, quiet=1)
         return
-    command = [python, "-m", "compileall", "-q", *(str(REPO / n) for n in COMPILED)]
+    command = [python, "-m", "compileall", "-q", *(str(tree / n) for n in COMPILED)]
     subprocess.run(command, check=True, capture_output=True)
 
 
-def prepare(python: str, base: Path) -> tuple[str, str]:
-    """(interpreter to run the subjects on, how it was made) for `python`, in the bench's temp dir `base`."""
-    byte_compile(python)
+def prepare(python: str, base: Path, tree: Path = REPO) -> tuple[str, str]:
+    """(interpreter to run the subjects on, how it was made) for `python` and the checkout `tree`,
+    in the bench's temp dir `base`."""
+    byte_compile(python, tree)
     hooks = editable_hooks(python)
     if not hooks:
         return python, "byte-compiled"

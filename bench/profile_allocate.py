@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import ab, measure
+from bench import installed, measure
+from bench.phases import top_frames
 from bench.subjects import Baseline, Colad, PluginUnderTest, Subject, settle
 
 PHASES = ("change", "allocate", "allocate16")
@@ -56,9 +57,10 @@ def one_round(
         if name == "baseline":
             plugin = Baseline()
         else:
-            # This tree's own code, not whatever the installed colad is; --colad-env for this tree only.
-            plugin = Colad(tree=tree or str(REPO), extra_env=env if name == "new" else None)
-            plugin.name = name
+            # The tree's own code on its own interpreter, not whatever the installed colad is; --colad-env
+            # for this tree only.
+            path = Path(tree) if tree else REPO
+            plugin = Colad(installed.tree_python(path), env if name == "new" else None, tree=str(path), name=name)
         subjects.append(Subject(plugin, base / name))
     out: dict[str, dict[str, float]] = {s.name: {} for s in subjects}
     try:
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n== perf {data.stem}: CPU per library (perf report -i {data} --sort dso)")
         for raw in sorted(Path(spy_dir).glob("pa-*.txt")):
             print(f"\n== py-spy {raw.stem}: inclusive samples per frame, GIL held ({raw})")
-            for n, frame in ab.top_frames(str(raw), 40):
+            for n, frame in top_frames(str(raw), 40):
                 print(f"  {n:6d} {frame}")
     return 0
 

@@ -19,6 +19,7 @@ from calendar import timegm
 from pathlib import Path
 from typing import Any
 
+from bench import installed
 from bench.measure import cold_start
 from bench.subjects import Baseline, Colad, Subject
 
@@ -62,7 +63,9 @@ def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, fl
     """One cold start of `name` ("new", "old" or "baseline") over `devices` files: its steps in ms after the spawn."""
     names = {f"dev-{i}" for i in range(devices)}
     root = Path(tempfile.mkdtemp(prefix=f"coldstart-{name}-"))
-    plugin: Any = Baseline() if name == "baseline" else Colad(tree=tree)
+    plugin: Any = Baseline()
+    if name != "baseline":  # a checkout's own `colad supervise`, on its own interpreter
+        plugin = Colad(installed.tree_python(Path(tree)) if tree else sys.executable, tree=tree)
     subject = Subject(plugin, root)
     clocks: list[float] = []  # the wall and monotonic time of the spawn, after the files are made
     spawn = plugin.start

@@ -1,16 +1,15 @@
-"""Where the discovery process spends its CPU, phase by phase, for this checkout and others (A/B, one run).
+"""Where the discovery process spends its CPU, phase by phase, in this checkout.
 
-Each phase runs Discovery(cfg).run() in a process of its own against a real QueueServer in the
-driver, both from the tree measured (PYTHONPATH): /proc/<pid>/schedstat is discovery's CPU alone.
-Phases: `changes10`, `changes10000` (200 one-device changes: add, make Unhealthy, remove) and
-`start10000` (spawn -> first snapshot). `--old NAME=TREE` interleaves other checkouts round by
-round; `--profile` adds py-spy's top frames per phase.
+Each phase runs Discovery(cfg).run() in a process of its own against a real QueueServer in a
+driver process: /proc/<pid>/schedstat is discovery's CPU alone. Phases: `changes10`, `changes10000`
+(200 one-device changes: add, make Unhealthy, remove) and `start10000` (spawn -> first snapshot).
+`--profile` adds py-spy's top frames per phase. It drives discovery's classes, so it measures this
+checkout only: bench/profile_roles.py compares checkouts, as processes.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -34,16 +33,14 @@ def config(root: str, nfd: bool) -> Any:
     """The bench's settings (CDI spec on, host-path check on), every path under `root`."""
     from colad.config.config import Config
 
-    values = {
-        "device_dir": f"{root}/colas",
-        "kubelet_dir": f"{root}/kubelet",
-        "run_dir": f"{root}/run",
-        "cdi_spec_dir": f"{root}/cdi",
-        "rescan_interval": 3600.0,
-        "nfd_features_file": f"{root}/features.d/colad" if nfd else "",
-    }
-    known = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in values.items() if k in known})  # type: ignore[arg-type]
+    return Config(
+        device_dir=f"{root}/colas",
+        kubelet_dir=f"{root}/kubelet",
+        run_dir=f"{root}/run",
+        cdi_spec_dir=f"{root}/cdi",
+        rescan_interval=3600.0,
+        nfd_features_file=f"{root}/features.d/colad" if nfd else "",
+    )
 
 
 def role_main(root: str, nfd: bool) -> None:
@@ -77,7 +74,9 @@ class Receiver:
         self.server.start()
 
     def on_message(self, message: Any, peer: object) -> None:
-        if hasattr(message, "devices") and hasattr(message.devices, "by_id"):
+        from colad.queue.messages import DeviceSnapshot
+
+        if isinstance(message, DeviceSnapshot):
             with self.cond:
                 self.latest = message
                 self.cond.notify_all()
@@ -105,8 +104,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, nfd: bool) 
     args = [sys.executable, str(HERE), "--role", root] + (["--nfd"] if nfd else [])
     spy = spy_args(spy_out) if spy_out else None
     figures: dict[str, float] = {}
-    spec_dir = getattr(cfg, "cdi_spec_dir", "")  # a tree before CDI specs (e27ca88) writes none
-    spec = Path(spec_dir, "colad-myway5.com-cola.json") if spec_dir else None
+    spec = Path(cfg.cdi_spec_dir, "colad-myway5.com-cola.json")
     t0 = time.perf_counter()
     if kind == "start" and spy:
         proc = subprocess.Popen([*spy, "--", *args])
@@ -117,7 +115,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, nfd: bool) 
         if kind == "start" and not spy:
             figures["first_snapshot_ms"] = (t1 - t0) * 1e3
             figures["cpu_to_snapshot_ms"] = cpu_ns(proc.pid) / 1e6
-        while spec is not None and not spec.exists():
+        while not spec.exists():
             time.sleep(0.001)
         if kind == "start" and not spy:
             figures["spec_written_ms"] = (time.perf_counter() - t0) * 1e3
@@ -163,18 +161,18 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, nfd: bool) 
     Path(out).write_text(json.dumps(figures))
 
 
-def run_child(tree: Path, phase: str, spy_out: str | None, nfd: bool) -> dict[str, float]:
+def run_child(phase: str, spy_out: str | None, nfd: bool) -> dict[str, float]:
     root = tempfile.mkdtemp(prefix="pd-", dir="/tmp")  # short: the queue socket's path
     try:
         out = os.path.join(root, "figures.json")
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         args = [sys.executable, str(HERE), "--child", phase, root, out] + (["--spy", spy_out] if spy_out else [])
         args += ["--nfd"] if nfd else []
         with open(os.path.join(root, "child.log"), "wb") as log_file:
-            done = subprocess.run(args, env=env, cwd=tree, stdout=log_file, stderr=subprocess.STDOUT, timeout=900)
+            done = subprocess.run(args, env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, timeout=900)
         if done.returncode != 0 or not os.path.exists(out):
             tail = Path(root, "child.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{tree} {phase}: exit {done.returncode}\n{tail}")
+            raise RuntimeError(f"{phase}: exit {done.returncode}\n{tail}")
         figures: dict[str, float] = json.loads(Path(out).read_text())
         return figures
     finally:
@@ -183,11 +181,9 @@ def run_child(tree: Path, phase: str, spy_out: str | None, nfd: bool) -> dict[st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--new", type=Path, default=REPO, help="the checkout called new (default: this one)")
-    parser.add_argument("--old", action="append", default=[], help="NAME=TREE, another checkout to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phases", default=",".join(PHASES))
-    parser.add_argument("--profile", action="store_true", help="one more round per tree under py-spy")
+    parser.add_argument("--profile", action="store_true", help="one more round under py-spy")
     parser.add_argument("--nfd", action="store_true", help="also write the NFD feature file")
     parser.add_argument("--child", nargs=3, metavar=("PHASE", "ROOT", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--spy", help=argparse.SUPPRESS)
@@ -200,12 +196,10 @@ def main() -> int:
         phase, root, out = args.child
         child_main(phase, root, out, args.spy, args.nfd)
         return 0
-    trees = {"new": args.new.resolve()} | {n: Path(t).resolve() for n, _, t in (o.partition("=") for o in args.old)}
-    sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it
-    from bench import ab
+    from bench import phases  # here, not at the top: the measured role process runs this file and imports nothing more
 
-    run = lambda tree, phase, raw: run_child(tree, phase, raw, args.nfd)  # noqa: E731
-    ab.compare(trees, args.phases.split(","), args.rounds, "profile-discovery" if args.profile else "", run)
+    run = lambda phase, raw: run_child(phase, raw, args.nfd)  # noqa: E731
+    phases.measure(args.phases.split(","), args.rounds, "profile-discovery" if args.profile else "", run)
     return 0
 
 

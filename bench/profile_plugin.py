@@ -1,16 +1,16 @@
-"""Where the plugin process spends its CPU, phase by phase, for this checkout and another (A/B, one run).
+"""Where the plugin process spends its CPU, phase by phase, in this checkout.
 
 Each phase runs `colad.plugin.main.Plugin` in a fresh process of its own: device snapshots posted as
 the queue thread posts them, kubelet.sock changes reported as kubelet-watch reports them, and the
 fake kubelet (tests/fakes) in a further process, so the process CPU measured is the plugin's.
 Phases: `changes` (one-device changes), `restarts` (kubelet restarts), `start` (10,000 devices).
-`--old TREE` interleaves another checkout's colad round by round; `--profile` adds py-spy's top frames.
+`--profile` adds py-spy's top frames. It drives the plugin's classes, so it measures this checkout only:
+bench/compare_trees.py and bench/profile_allocate.py compare checkouts, as processes.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import phases
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -74,7 +76,7 @@ class Kubelet:
     """The child's handle on the kubelet process: what it received, waited for by condition."""
 
     def __init__(self, plugin_dir: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}  # the fake kubelet of this checkout for every tree
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE), "--kubelet", plugin_dir],
             stdin=subprocess.PIPE,
@@ -119,11 +121,8 @@ class Kubelet:
 
 # ---- discovery's sending end, in a process of its own (`start --queue`): its encoding is not the plugin's CPU ----
 def sender_main(queue_socket: str, count: int) -> None:
-    try:
-        from colad.queue.client import QueueClient
-    except ImportError:  # a tree whose colad.queue holds the client
-        from colad.queue.server import QueueClient  # type: ignore[attr-defined,no-redef]
     from colad.core.devices import Device, DeviceSet
+    from colad.queue.client import QueueClient
     from colad.queue.messages import DeviceSnapshot
 
     snapshot = DeviceSnapshot(1, 1, DeviceSet.of(Device(f"cola-{i:05d}") for i in range(count)), True, RESOURCE)
@@ -138,7 +137,7 @@ def sender_main(queue_socket: str, count: int) -> None:
     sys.stdin.readline()
 
 
-# ---- one phase on one tree, in a process of its own (PYTHONPATH names the tree) ----
+# ---- one phase, in a process of its own ----
 class Spy:
     """py-spy recording this process while a phase is measured (raw collapsed stacks)."""
 
@@ -166,19 +165,17 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
     from colad.runtime import log
 
     log.setup("plugin", "INFO")
-    values = {
-        "device_dir": f"{root}/colas",
-        "kubelet_dir": f"{root}/kubelet",
-        "run_dir": f"{root}/run",
-        "cdi_spec_dir": f"{root}/cdi",
-        "metrics_address": "127.0.0.1:0",
-        "pod_resources_socket": "",
-        "rescan_interval": 3600.0,
-        "cdi": "off",
-        "host_path_check": False,
-    }
-    known = {f.name for f in dataclasses.fields(Config)}
-    cfg = Config(**{k: v for k, v in values.items() if k in known})  # type: ignore[arg-type]
+    cfg = Config(
+        device_dir=f"{root}/colas",
+        kubelet_dir=f"{root}/kubelet",
+        run_dir=f"{root}/run",
+        cdi_spec_dir=f"{root}/cdi",
+        metrics_address="127.0.0.1:0",
+        pod_resources_socket="",
+        rescan_interval=3600.0,
+        cdi="off",
+        host_path_check=False,
+    )
     peer = Peer(os.getpid(), 0, 0)
     kubelet = Kubelet(cfg.kubelet_dir)
     kubelet.send("start")
@@ -242,9 +239,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, via_queue: 
         for n in range(20):
             kubelet.send("restart")
             at, line = kubelet.wait(at, "started")
-            plugin.on_message(
-                KubeletState(1, n + 1, *([""] if "kubelet_socket" in KubeletState.__dataclass_fields__ else [])), peer
-            )
+            plugin.on_message(KubeletState(1, n + 1), peer)
             at, reg = kubelet.wait(at, "reg")
             at, upd = kubelet.wait(at, "upd", len(held))
             latencies.append(float(reg[1]) - float(line[1]))
@@ -270,29 +265,28 @@ def _pcts(name: str, seconds: list[float]) -> dict[str, float]:
     return {f"{name}_p50_ms": pick(50), f"{name}_p99_ms": pick(99)}
 
 
-# ---- the driver: rounds of every phase on every tree, interleaved; medians and spreads ----
-def run_child(tree: Path, phase: str, spy_out: str | None, via_queue: bool = False) -> dict[str, float]:
+# ---- the driver: rounds of every phase; medians and spreads ----
+def run_child(phase: str, spy_out: str | None, via_queue: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="pp-") as root:  # short: Unix socket paths
         out = os.path.join(root, "result.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
-        env["PYTHONPATH"] = str(tree)
+        env["PYTHONPATH"] = str(REPO)
         args = [sys.executable, str(HERE), "--child", phase, root, out] + (["--spy", spy_out] if spy_out else [])
         args += ["--queue"] if via_queue else []
         with open(os.path.join(root, "child.log"), "wb") as log_file:
-            done = subprocess.run(args, env=env, cwd=tree, stdout=log_file, stderr=subprocess.STDOUT, timeout=600)
+            done = subprocess.run(args, env=env, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, timeout=600)
         if done.returncode != 0 or not os.path.exists(out):
             tail = Path(root, "child.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"{tree} {phase}: exit {done.returncode}\n{tail}")
+            raise RuntimeError(f"{phase}: exit {done.returncode}\n{tail}")
         figures: dict[str, float] = json.loads(Path(out).read_text())
         return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", type=Path, help="another checkout (e.g. a git worktree) to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--phases", default=",".join(PHASES))
-    parser.add_argument("--profile", action="store_true", help="one more round per tree under py-spy")
+    parser.add_argument("--profile", action="store_true", help="one more round under py-spy")
     parser.add_argument("--child", nargs=3, metavar=("PHASE", "ROOT", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--spy", help=argparse.SUPPRESS)
     parser.add_argument("--queue", action="store_true", help="start: the snapshot through the real queue socket")
@@ -311,12 +305,8 @@ def main() -> int:
         child_main(phase, root, out, args.spy, args.queue)
         return 0
     os.environ["PROFILE_PLUGIN_DEVICES"] = str(args.devices)  # the children inherit it
-    trees = {"new": REPO} | ({"old": args.old.resolve()} if args.old else {})
-    sys.path.insert(0, str(REPO))  # here, not at the top: the children run other trees' code, older ones lack it
-    from bench import ab
-
-    run = lambda tree, phase, raw: run_child(tree, phase, raw, args.queue)  # noqa: E731
-    ab.compare(trees, args.phases.split(","), args.rounds, "profile-plugin" if args.profile else "", run)
+    run = lambda phase, raw: run_child(phase, raw, args.queue)  # noqa: E731
+    phases.measure(args.phases.split(","), args.rounds, "profile-plugin" if args.profile else "", run)
     return 0
 
 

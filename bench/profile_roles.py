@@ -1,10 +1,11 @@
 """What the two small roles cost, for this checkout and others (A/B, interleaved round by round).
 
-Each round starts `python -m colad discovery` and `colad kubelet-watch` from each tree (PYTHONPATH,
-its own directory) against a queue socket that takes and drops every frame, and reports: PSS once
-the role has published (smaps_rollup; discovery over 10 and 10,000 empty device files), the start
-to the role's first log line, and kubelet-watch's CPU per kubelet checkpoint rewrite (a dot-prefixed
-temporary file, fsync, rename over kubelet_internal_checkpoint, as the kubelet does after each update).
+Each round starts `python -m colad discovery` and `colad kubelet-watch` from each tree (its own
+directory, PYTHONPATH and interpreter: installed.tree_python) against a queue socket that takes and
+drops every frame, and reports: PSS once the role has published (smaps_rollup; discovery over 10 and
+10,000 empty device files), the start to the role's first log line, and kubelet-watch's CPU per
+kubelet checkpoint rewrite (a dot-prefixed temporary file, fsync, rename over
+kubelet_internal_checkpoint, as the kubelet does after each update).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from bench import installed
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINTS = 300
@@ -71,8 +74,9 @@ def start(tree: Path, role: str, root: Path) -> tuple[subprocess.Popen[bytes], f
         COLAD_CDI_SPEC_DIR=str(root / "cdi"),
     )
     started = time.monotonic()
+    python = installed.tree_python(tree)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "colad", role], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [python, "-m", "colad", role], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     assert proc.stdout is not None
     proc.stdout.readline()

@@ -263,7 +263,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="an environment variable for colad's processes, e.g. COLAD_CDI=off to compare with a tree before CDI",
+        help="an environment variable for colad's processes, e.g. COLAD_CDI=off (no CDI spec)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)

@@ -71,14 +71,18 @@ class _BenchService(ColadService):
 class Colad:
     """colad as an operator runs it: `colad supervise`, at the default log level, metrics on."""
 
-    name = "colad"
-
     def __init__(
-        self, python: str = sys.executable, extra_env: dict[str, str] | None = None, tree: str | None = None
+        self,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+        tree: str | None = None,
+        name: str = "colad",
     ) -> None:
         self.python = python
         self.extra_env = {"COLAD_LOG_LEVEL": "INFO", **(extra_env or {})}  # run.py's --colad-env
-        self.tree = tree  # another checkout of colad to run (compare_trees, profile_coldstart); None: this one
+        # A checkout whose own `python -m colad supervise` runs (on `python`, installed.tree_python); None: this one.
+        self.tree = tree
+        self.name = name  # the figures' key, and the Subject's
         self.service: _BenchService | None = None
         self._starting: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -89,8 +93,6 @@ class Colad:
         self._runtime_on_tmpfs(service)
         if self.tree:
             service.env["PYTHONPATH"] = self.tree
-            if "cdi_spec_dir" not in (Path(self.tree) / "colad" / "config.py").read_text():
-                service.env.pop("COLAD_CDI_SPEC_DIR")  # a tree from before CDI refuses variables it lacks
         self.service, self._error = service, None
 
         def run() -> None:  # start() blocks until supervisord says RUNNING (startsecs=1), asked after wait_ready()

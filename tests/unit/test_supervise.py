@@ -62,6 +62,11 @@ def test_a_template_from_before_the_in_process_watchdog_still_renders_and_is_tol
     assert not supervise.has_watchdog("not [ an ini file")
 
 
+def test_a_source_checkout_finds_the_template_in_its_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # an interpreter with no installed colad data
+    assert supervise.template_path(Config()) == Path(__file__).resolve().parents[2] / "conf" / "supervisord.conf"
+
+
 def test_a_bad_placeholder_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="supervisord_template"):
         supervise.render_conf(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
