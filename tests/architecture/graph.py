@@ -15,7 +15,7 @@ table) is not seen.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,3 +172,12 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
         if node not in index:
             visit(node)
     return groups
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> Path:
+    """Write `files` (path relative to `root` -> text) under `root`, for a seeded-violation test; `root`."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.architecture.graph import Graph, find_cycle, imports_outside, scan, strongly_connected
+from tests.architecture.graph import Graph, find_cycle, imports_outside, scan, strongly_connected, write_tree
 
 pytestmark = pytest.mark.unit
 COLAD = Path(__file__).resolve().parents[2] / "colad"
@@ -88,12 +88,8 @@ def test_the_pure_core_imports_only_itself_and_pure_standard_library() -> None:
 
 def package(root: Path, files: dict[str, str]) -> Path:
     """A package `pkg` under `root` with these modules (name -> source)."""
-    pkg = root / "pkg"
-    for name, source in {"__init__": "", **files}.items():
-        path = pkg / (name.replace(".", "/") + ".py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
-    return pkg
+    modules = {"__init__": "", **files}
+    return write_tree(root / "pkg", {name.replace(".", "/") + ".py": source for name, source in modules.items()})
 
 
 def test_a_cycle_through_lazy_and_type_checking_imports_is_reported_with_its_path(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from tests.architecture.graph import write_tree
+
 COLAD = Path(__file__).resolve().parents[2] / "colad"
 
 # Names every module may define for itself, and why.
@@ -139,11 +141,7 @@ def test_each_rule_is_written_in_one_module() -> None:
 
 
 def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
-    root = tmp_path / "colad"
-    root.mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    return root
+    return write_tree(tmp_path / "colad", files)
 
 
 def test_a_constant_defined_in_two_modules_is_reported(tmp_path: Path) -> None:

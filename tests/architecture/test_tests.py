@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.architecture.graph import write_tree
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -266,11 +268,7 @@ def test_unit_tests_are_pure_and_every_layer_is_marked() -> None:
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
+    return write_tree(tmp_path, files)
 
 
 COLAD = {
