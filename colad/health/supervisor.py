@@ -107,7 +107,7 @@ class RoleHealth:
 
 
 def restarts(proxy: Any) -> tuple[list[dict[str, Any]], str]:
-    """The watchdog's coming starts of FATAL roles (colad.getRestarts, inside supervisord), and why a
+    """The watchdog's coming starts of FATAL roles (the watchdog's getRestarts call, inside supervisord), and why a
     FATAL role would stay down ("" when it would not): no watchdog in supervisord, or none answering."""
     try:
         coming = proxy.colad.getRestarts()

@@ -8,6 +8,9 @@ colad/, tests/ and bench/, and reports:
   profiler: bench/ drives one, colad/ and tests/ do not;
 - a repository path (REPO_PATH, or a bare module file name) that does not exist, and a path outside
   the repository (OUTSIDE: a home directory, the machine's work area);
+- a dotted name of colad, bench or tests (`colad.queue.client.QueueClient`) that names no module, or no
+  name at the top of one (test_docs.dotted_problem, the rule the docs follow too); a file in which
+  `colad` is a variable (the e2e fixture) is read as code, not as module names;
 - a `fmt: skip` or `fmt: off` comment beyond ALLOWED_FMT_SKIPS: ruff format lays the code out.
 An upstream reference keeps its repository (`kubernetes/kubernetes#125579`), so it is no number of ours.
 """
@@ -22,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.architecture.test_docs import DOTTED, dotted_problem
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +91,16 @@ def read(source: str) -> tuple[list[tuple[int, str, str]], str]:
     return found, "\n".join(said).lower()
 
 
+def binds(tree: ast.Module, name: str) -> bool:
+    """Whether `name` is a parameter or an assigned variable somewhere in `tree`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == name:
+            return True
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return True
+    return False
+
+
 def python_files(root: Path) -> Iterator[Path]:
     for top in SCANNED:
         for path in sorted((root / top).rglob("*.py")):
@@ -102,7 +117,9 @@ def problems(root: Path) -> list[str]:
     found = []
     modules = module_names(root)
     skips: dict[str, int] = {}
-    read_files = {path: read(path.read_text(encoding="utf-8")) for path in python_files(root)}
+    sources = {path: path.read_text(encoding="utf-8") for path in python_files(root)}
+    read_files = {path: read(source) for path, source in sources.items()}
+    variable = {path for path, source in sources.items() if binds(ast.parse(source), "colad")}
     runs: dict[str, str] = {}
     for path, (_, said) in read_files.items():
         top = path.relative_to(root).parts[0]
@@ -126,6 +143,11 @@ def problems(root: Path) -> list[str]:
             for match in BARE_MODULE.finditer(text):
                 if match.group(1) not in modules:
                     found.append(f"{where}: no such module: {match.group(1)!r}")
+            for match in DOTTED.finditer(text):
+                if path in variable and match.group(1).startswith("colad."):
+                    continue
+                if problem := dotted_problem(root, match.group(1)):
+                    found.append(f"{where}: {problem}")
             if kind == "comment" and FMT_SKIP.search(text):
                 skips[rel] = skips.get(rel, 0) + 1
     for rel, count in sorted(skips.items()):
@@ -163,6 +185,8 @@ def seeded(tmp_path: Path, source: str, name: str = "colad/seed.py") -> list[str
         ("# tests/unit/test_gone.py measures it\nx = 1\n", "no such path"),
         ("# as in docs/NOWHERE.md\nx = 1\n", "no such path"),
         ("# the rule of nowhere.py\nx = 1\n", "no such module"),
+        ('"""Sent by colad.seed.gone, once."""\n', "defines no 'gone'"),
+        ("# see colad.moved.seed\nx = 1\n", "no such module: 'colad.moved.seed'"),
         ("x = [\n    1, 2,\n]  # fmt: skip\n", "fmt: skip/off markers"),
         ("# fmt: off\nx = [\n    1, 2,\n]\n# fmt: on\n", "fmt: skip/off markers"),
     ],
@@ -182,6 +206,8 @@ def seeded(tmp_path: Path, source: str, name: str = "colad/seed.py") -> list[str
         "dead-test-path",
         "dead-doc-path",
         "dead-bare-module",
+        "dotted-name-missing",
+        "dotted-module-missing",
         "fmt-skip",
         "fmt-off",
     ],
@@ -201,6 +227,8 @@ def test_a_seeded_violation_is_reported(tmp_path: Path, source: str, what: str) 
         "# /var/lib/kubelet/device-plugins and /etc/colad/supervisord.conf are the host's\nx = 1\n",
         "# colad/seed.py and tests/ and Makefile exist; so does seed.py\nx = 1\n",
         'import subprocess\nsubprocess.run(["py-spy", "dump"])  # py-spy names the threads\n',
+        '"""x is colad.seed.x; colad.seed is this module."""\nx = 1\n',
+        "def f(colad):\n    return colad.kill()  # colad.kill: the fixture, not a module\n",
     ],
     ids=[
         "round-trip",
@@ -210,6 +238,8 @@ def test_a_seeded_violation_is_reported(tmp_path: Path, source: str, what: str) 
         "host-paths",
         "existing-paths",
         "a-profiler-the-code-runs",
+        "an-existing-dotted-name",
+        "colad-as-a-variable",
     ],
 )
 def test_contracts_and_existing_paths_pass(tmp_path: Path, source: str) -> None:

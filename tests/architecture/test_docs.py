@@ -62,7 +62,7 @@ def module_file(root: Path, dotted: list[str]) -> Path | None:
 
 
 def dotted_problem(root: Path, name: str) -> str | None:
-    """Why `name` (colad.x.y, possibly ending in one attribute) names nothing, or None."""
+    """Why `name` (`colad.<package>.<module>`, possibly ending in one attribute) names nothing, or None."""
     parts = name.split(".")
     if parts[-1] in FILE_SUFFIXES:
         return None

@@ -93,7 +93,7 @@ def _colad_modules(root: Path) -> dict[str, Path]:
 
 
 def _imports_of_colad(tree: ast.Module, modules: dict[str, Path]) -> Iterator[tuple[int, str, str]]:
-    """(line, module, name) of every `from colad.x import name` and every `m.name` read off a colad module m."""
+    """(line, module, name) of every `from colad.<module> import name` and every `m.name` read off a colad module m."""
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
