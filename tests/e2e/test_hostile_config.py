@@ -17,7 +17,7 @@ import pytest
 
 from tests.fakes.kubelet import FakeKubelet
 from tests.service import ColadService
-from tests.unit import test_config_hostile as fuzz
+from tests.unit.config import test_hostile as fuzz
 
 pytestmark = pytest.mark.e2e
 
