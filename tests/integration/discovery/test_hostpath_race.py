@@ -1,6 +1,6 @@
 """Host-path watches against a host that changes while discovery adds them (real inotify).
 
-The property test in test_discovery_health.py met these races about one run in three: a
+The property test in tests/integration/discovery/test_health.py met these races about one run in three: a
 change between discovery's check of the host paths and its watch being in place. Here the
 change is made at exactly that moment (inside the host-path Inotify's add()), so each race
 is met on every run. Discovery is stepped in the test's own thread; its periodic rescan is

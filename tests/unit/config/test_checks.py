@@ -192,7 +192,7 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "DEVICES.md"
 
 
 def test_docs_config_examples_load(tmp_path: Path) -> None:
-    # Device-file examples are ```toml blocks (tests/unit/test_devicefile.py parses them);
+    # Device-file examples are ```toml blocks (tests/unit/discovery/test_devicefile.py parses them);
     # colad.toml examples are ```toml conf blocks, each loaded as the whole config file.
     import re
 

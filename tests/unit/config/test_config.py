@@ -135,7 +135,7 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     "replica_policy": ("pack", "spread", "pack", ("pack", "spread", "pack")),
     "pod_resources_socket": ("/file/pr.sock", "", "/flag/pr.sock", ("/file/pr.sock", "", "/flag/pr.sock")),
     "pod_resources_interval": (1, "2", 3.5, (1.0, 2.0, 3.5)),
-    # outputs, probes and prepares (tests/unit/test_config_checks.py checks their values)
+    # outputs, probes and prepares (tests/unit/config/test_checks.py checks their values)
     "cdi": ("only", "off", "both", ("only", "off", "both")),
     "cdi_spec_dir": ("/file/cdi", "/env/cdi", "/flag/cdi", ("/file/cdi", "/env/cdi", "/flag/cdi")),
     "host_path_check": (False, "yes", "off", (False, True, False)),
