@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from colad.config.config import Config
-from colad.discovery import scan as resource_scan
+from colad.discovery import scan
 from colad.discovery.main import RELIST_NAMES, Discovery
 from colad.queue.messages import DeviceSnapshot
 from tests.helpers import wait_until
@@ -62,9 +62,9 @@ def cfg(short_tmp: Path) -> Config:
 def _bound(turns: int) -> int:
     """Publishes a burst of `turns` turns may take: the first two at once, the holds doubling to their
     maximum, then one per maximum hold, and the last one after the burst."""
-    longest = resource_scan.hold_max(0)  # the sets of these bursts are all small
+    longest = scan.hold_max(0)  # the sets of these bursts are all small
     doublings = 0
-    while resource_scan.HOLD_BASE_S * 2**doublings < longest:
+    while scan.HOLD_BASE_S * 2**doublings < longest:
         doublings += 1
     return 2 + doublings + int(turns * TURN_S / longest) + 1
 
@@ -138,11 +138,11 @@ def test_a_lone_change_after_a_burst_waits_for_no_hold(cfg: Config, serve: Serve
         discovery.step(0)
         assert discovery.publishes == before + 1 and rw.current is not None and "lone" in rw.current.ids
         assert rw.hold_until == clock.now  # the next change waits for nothing either
-        assert rw.window_until - clock.now == pytest.approx(resource_scan.HOLD_BASE_S)  # but starts a streak
-        clock.now += resource_scan.HOLD_BASE_S / 2
+        assert rw.window_until - clock.now == pytest.approx(scan.HOLD_BASE_S)  # but starts a streak
+        clock.now += scan.HOLD_BASE_S / 2
         (Path(cfg.device_dir) / "second").write_bytes(b"")
         discovery.step(0)
         assert discovery.publishes == before + 2, "the second change of a streak waits for nothing"
-        assert rw.hold_until - clock.now == pytest.approx(2 * resource_scan.HOLD_BASE_S), "the third one waits"
+        assert rw.hold_until - clock.now == pytest.approx(2 * scan.HOLD_BASE_S), "the third one waits"
     finally:
         discovery.close()

@@ -19,8 +19,7 @@ import pytest
 from colad.config.config import Config
 from colad.core import namemap
 from colad.core.constants import UNHEALTHY
-from colad.discovery import devicedir
-from colad.discovery import health as device_health
+from colad.discovery import devicedir, health
 from colad.discovery.main import Discovery
 from colad.outputs import cdi
 from tests.integration.support import discovery_config
@@ -79,9 +78,9 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
 
 def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(device_health, "_malloc_trim", calls.append)
+    monkeypatch.setattr(health, "_malloc_trim", calls.append)
     root = Path(cfg.device_dir)
-    for i in range(device_health.TRIM_AFTER_NAMES):
+    for i in range(health.TRIM_AFTER_NAMES):
         (root / f"dev{i:04d}").write_text('health = "Healthy"\n')  # with content: racy, read again
     discovery = Discovery(cfg)
     try:

@@ -204,7 +204,7 @@ def test_a_reload_that_drops_a_trusted_owner_refuses_its_directory(
     runner.start()
     wait_snapshot(inbox, lambda s: s.devices.get("cola") == good_device("cola"), "cola trusted")
     runner.stop()
-    discovery.cfg = make_config(root)  # as watch.WatcherLoop.reload() applies a new config
+    discovery.cfg = make_config(root)  # as loop.WatcherLoop.reload() applies a new config
     discovery.apply_config(cfg)
     runner.start()
     wait_snapshot(inbox, lambda s: len(s.devices) == 0, "the directory refused after the reload")

@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from colad.metrics import httpserver
-from colad.metrics import registry as metrics_mod
+from colad.metrics import httpserver, registry
 from colad.metrics.httpserver import MAX_CONNECTIONS, MAX_PER_SOURCE, MAX_REQUEST_BYTES, MetricsServer, parse_head
 from colad.metrics.registry import Metrics
 from tests.helpers import http_get, wait_until
@@ -444,7 +443,7 @@ def test_a_tcp_check_that_connects_and_closes_is_not_counted_as_refused(serve: C
     served.connect(b"GET /heal").close()
     wait_until(lambda: served.refused("bad_request") == 1, 5, "the half-sent request counted")
     assert not served.server._reading
-    assert sum(served.refused(r) for r in metrics_mod.HTTP_REFUSAL_REASONS) == 1
+    assert sum(served.refused(r) for r in registry.HTTP_REFUSAL_REASONS) == 1
 
 
 def test_an_address_in_use_is_a_false_start_with_no_thread_left_and_a_later_start_serves(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from colad.core.devices import Device, DeviceSet
-from colad.queue import server as queue
+from colad.queue import server
 from colad.queue.framing import frame
 from colad.queue.messages import DeviceSnapshot, Message, Stats
 from tests.helpers import wait_until
@@ -43,7 +43,7 @@ def test_frames_cut_anywhere_arrive_whole_and_in_order(short_tmp: Path, serve: S
     rng = random.Random(seed)
     sent = _stream(rng)
     data = b"".join(frame(m) for m in sent) + struct.pack("!I", 5) + b"{bad}"
-    assert max(len(frame(m)) for m in sent) < 10 * queue.RECV_CHUNK
+    assert max(len(frame(m)) for m in sent) < 10 * server.RECV_CHUNK
     path = short_tmp / "q.sock"
     _server, inbox = serve(path)
     cuts = sorted(rng.sample(range(1, len(data)), 40))

@@ -18,7 +18,7 @@ from colad.config.checks import alias_problems
 from colad.config.config import Resource, load
 from colad.discovery.scan import ResourceWatch
 from colad.runtime import dirpath
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from colad.watchers.inotify import Inotify
 from tests.helpers import wait_until
 
@@ -77,7 +77,7 @@ def event_on(inotify: Inotify, wd: int | None, name: str) -> bool:
     seen: set[str] = set()
 
     def arrived() -> bool:
-        watch.poll([inotify.fileno()], 0.1)
+        loop.poll([inotify.fileno()], 0.1)
         seen.update(e.name for e in inotify.read() if e.wd == wd)
         return name in seen
 
@@ -121,7 +121,7 @@ def test_a_dangling_link_is_followed_once_its_target_is_made(root: Path, inotify
     assert not rw.dir.present and not rw.scan(None).present
     (root / "nowhere").mkdir()
     (root / "nowhere" / "dev0").write_text("")
-    inotify.generation += 1  # the recheck timer (watch.RECHECK_INTERVAL) of the role's loop
+    inotify.generation += 1  # the recheck timer (loop.RECHECK_INTERVAL) of the role's loop
     assert rw.dir.ensure()
     assert rw.dir.present and rw.dir.path == str(root / "nowhere")
     assert list(rw.scan(None).devices.ids) == ["dev0"]
@@ -146,12 +146,12 @@ def test_a_link_repointed_on_the_way_moves_the_watch_and_the_list(root: Path, in
 
 
 def test_a_repointed_last_link_is_an_event_on_its_name(root: Path, inotify: Inotify) -> None:
-    dw = watch.DirWatch(inotify, str(root / "a" / "link2"), watch.DIR_CHANGE_EVENTS)
+    dw = loop.DirWatch(inotify, str(root / "a" / "link2"), loop.DIR_CHANGE_EVENTS)
     dw.ensure()
     tmp = root / "a" / "link2.new"
     os.symlink(root / "b" / "dev", tmp)
     os.rename(tmp, root / "a" / "link2")
-    watch.poll([inotify.fileno()], 2.0)
+    loop.poll([inotify.fileno()], 2.0)
     for event in inotify.read():
         dw.note(event)
     assert dw.ensure()  # no timer needed: the parent's watch saw the name change

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.supervise import main as supervise
+from colad.supervise import main
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def _listener(path: Path) -> socket.socket:
 
 def _run(target: int, pidfile: Path, sock: Path) -> tuple[threading.Thread, list[int]]:
     result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(supervise.wait_and_wake(target, str(pidfile), str(sock))))
+    thread = threading.Thread(target=lambda: result.append(main.wait_and_wake(target, str(pidfile), str(sock))))
     thread.start()
     return thread, result
 

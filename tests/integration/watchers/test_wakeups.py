@@ -3,7 +3,7 @@
 Real inotify on temp directories, the watchers stepped by hand (`drain`: until every queued
 event is read) with the recheck timer pushed out of reach, so what is seen is seen through
 an event, an overflow or a mount change, never through the timer. `stats` counts the
-identity stat()s of watch._identity (the real one runs); the timer has a test of its own.
+identity stat()s of loop._identity (the real one runs); the timer has a test of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from colad.discovery.main import Discovery
 from colad.kubelet_watch.main import KubeletWatch
 from colad.queue.messages import DeviceSnapshot, KubeletState
 from colad.queue.server import QueueServer
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from tests.helpers import wait_until
 from tests.integration.support import Serve, begin, bind_socket, make_config
 
@@ -32,16 +32,16 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 
 @pytest.fixture
 def stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Paths watch._identity stat()ed, in order; and no recheck timer within any test's reach."""
+    """Paths loop._identity stat()ed, in order; and no recheck timer within any test's reach."""
     seen: list[str] = []
-    real = watch._identity
+    real = loop._identity
 
     def counting(path: str) -> tuple[int, int] | None:
         seen.append(path)
         return real(path)
 
-    monkeypatch.setattr(watch, "_identity", counting)
-    monkeypatch.setattr(watch, "RECHECK_INTERVAL", 3600.0)
+    monkeypatch.setattr(loop, "_identity", counting)
+    monkeypatch.setattr(loop, "RECHECK_INTERVAL", 3600.0)
     return seen
 
 
@@ -68,14 +68,14 @@ def watcher(cfg: Config, server: QueueServer, stats: list[str]) -> Iterator[Kube
     role.close()
 
 
-def drain(role: watch.WatcherLoop) -> None:
+def drain(role: loop.WatcherLoop) -> None:
     """Step by hand until the inotify queue is empty (every event so far has been read)."""
     role.step(0)  # type: ignore[attr-defined]
-    while role.inotify.fileno() in watch.poll([role.inotify.fileno()], 0):
+    while role.inotify.fileno() in loop.poll([role.inotify.fileno()], 0):
         role.step(0)  # type: ignore[attr-defined]
 
 
-def stepping(role: watch.WatcherLoop, holds: Callable[[], bool]) -> Callable[[], bool]:
+def stepping(role: loop.WatcherLoop, holds: Callable[[], bool]) -> Callable[[], bool]:
     """For wait_until: one step of `role` (up to 50 ms), then whether `holds` now holds."""
 
     def once() -> bool:
@@ -251,7 +251,7 @@ def test_a_change_above_the_parent_is_seen_at_the_first_wake_up_after_the_timer(
 def test_the_timer_rechecks_once_per_interval_not_per_wake_up(
     watcher: KubeletWatch, stats: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(watch, "RECHECK_INTERVAL", 60.0)
+    monkeypatch.setattr(loop, "RECHECK_INTERVAL", 60.0)
     watcher.recheck_at, stats[:] = 0.0, []
     for i in range(5):
         checkpoint(Path(watcher.cfg.kubelet_dir), i)

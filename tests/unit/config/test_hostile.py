@@ -29,7 +29,7 @@ from colad.core.errors import ConfigError
 from colad.core.list_size import device_entry_max_bytes, max_devices_in_list
 from colad.core.names import resource_name_problem
 from colad.metrics.registry import parse_address
-from colad.supervise import main as supervise
+from colad.supervise import main
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +101,7 @@ def unusable(cfg: Config) -> list[str]:
             found.append(f"metrics_address: {exc!r}")
     if not found:  # supervisord's own parser must read back the socket path we meant
         try:
-            rendered = supervise.render_conf(cfg, TEMPLATE, journal=False, user="root")
+            rendered = main.render_conf(cfg, TEMPLATE, journal=False, user="root")
             parser = UnhosedConfigParser()
             parser.read_string(rendered)
             read_back = {
@@ -453,21 +453,21 @@ def test_a_replicas_value_that_cannot_fit_is_refused(monkeypatch: pytest.MonkeyP
 
 def test_supervisord_conf_is_replaced_whole(tmp_path: Path) -> None:
     path = str(tmp_path / "supervisord.conf")
-    supervise.write_conf(path, "old\n")
+    main.write_conf(path, "old\n")
     with pytest.raises(UnicodeError):
-        supervise.write_conf(path, "new \udcff\n")
+        main.write_conf(path, "new \udcff\n")
     assert Path(path).read_text() == "old\n"
     assert os.listdir(tmp_path) == ["supervisord.conf"]  # no temporary file left
-    supervise.write_conf(path, "new\n")
+    main.write_conf(path, "new\n")
     assert Path(path).read_text() == "new\n"
 
 
 def test_a_uid_without_a_passwd_entry_renders_without_user() -> None:
-    rendered = supervise.render_conf(Config(), TEMPLATE, journal=False, user=None)
+    rendered = main.render_conf(Config(), TEMPLATE, journal=False, user=None)
     parser = UnhosedConfigParser()
     parser.read_string(rendered)
     assert not parser.has_option("supervisord", "user")
-    assert "user=root" in supervise.render_conf(Config(), TEMPLATE, journal=False, user="root")
+    assert "user=root" in main.render_conf(Config(), TEMPLATE, journal=False, user="root")
 
 
 @pytest.mark.parametrize(
@@ -481,7 +481,7 @@ def test_a_bad_template_is_a_config_error(content: bytes | None, reason: str, tm
     else:
         template.write_bytes(content)
     cfg = Config(run_dir=str(tmp_path / "run"), supervisord_template=str(template))
-    assert supervise.main(None, cfg) == 2
+    assert main.main(None, cfg) == 2
     assert not (tmp_path / "run" / "supervisord.conf").exists()
 
 

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from colad.config import source as config_input
+from colad.config import source
 from colad.core.devices import Device
 from colad.discovery import devicefile
 
@@ -37,8 +37,8 @@ def texts(seed: int, count: int) -> list[str]:
 def test_parse_toml_agrees_with_tomllib_on_random_texts(seed: int) -> None:
     shortcut = 0
     for text in texts(seed, 5000):
-        assert outcome(config_input.parse_toml, text) == outcome(tomllib.loads, text), repr(text)
-        shortcut += bool(config_input._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n")))
+        assert outcome(source.parse_toml, text) == outcome(tomllib.loads, text), repr(text)
+        shortcut += bool(source._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n")))
     assert shortcut > 100  # the shortcut is exercised, not only tomllib
 
 
@@ -47,14 +47,14 @@ def test_parse_toml_agrees_with_tomllib_on_random_texts(seed: int) -> None:
     ["", "\n", "# a\n", "  # a\r\n\t#b", "# é ünïcode\n", "# tab\there\n"],
 )
 def test_comment_only_texts_are_empty_tables(text: str) -> None:
-    assert config_input._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n"))
-    assert config_input.parse_toml(text) == {} == tomllib.loads(text)
+    assert source._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n"))
+    assert source.parse_toml(text) == {} == tomllib.loads(text)
 
 
 @pytest.mark.parametrize("text", ["# a\rb\n", "# nul \x00\n", "# del \x7f", "\ufeff# bom\n", "a = 1 # x\n"])
 def test_what_is_not_only_comments_goes_to_tomllib(text: str) -> None:
-    assert not config_input._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n"))
-    assert outcome(config_input.parse_toml, text) == outcome(tomllib.loads, text)
+    assert not source._ONLY_COMMENTS.fullmatch(text.replace("\r\n", "\n"))
+    assert outcome(source.parse_toml, text) == outcome(tomllib.loads, text)
 
 
 def test_a_device_file_of_comments_is_a_bare_device_and_a_bad_one_still_says_why() -> None:

@@ -2,7 +2,7 @@
 
 allocation.allocate with cdi_mode "off" / "both" / "only"; prestart.plan (which command for which
 devices, arguments and environment) and prestart.run on real processes (exit, first line, timeout
-with a left-behind child, bounded output); plugin_health.readiness over published snapshots.
+with a left-behind child, bounded output); rule.readiness over published snapshots.
 """
 
 from __future__ import annotations

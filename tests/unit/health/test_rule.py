@@ -1,4 +1,4 @@
-"""The one health rule (plugin_health.assess) and what `colad status` makes of it and of a state file.
+"""The one health rule (health.rule.assess) and what `colad status` makes of it and of a state file.
 
 /healthz is 200 exactly when `colad status` would exit 0: both are the same `Verdict`. Each row
 of the tables below is one thing that makes colad unhealthy, or only "on its way"; the state file

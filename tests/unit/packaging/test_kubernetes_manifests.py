@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from colad.config import config as config_mod
+from colad.config import config
 from colad.core.errors import ConfigError
 from colad.metrics.registry import parse_address
 from tests.limits import plugin_fd_budget, task_budget
@@ -188,10 +188,10 @@ def mebibytes(quantity: str) -> float:
     return float(match.group(1)) * (units[match.group(2)] if match.group(2) else 1 / 2**20)
 
 
-def configmap_config(docs: list[dict[str, Any]], tmp_path: Path) -> config_mod.Config:
+def configmap_config(docs: list[dict[str, Any]], tmp_path: Path) -> config.Config:
     path = tmp_path / "colad.toml"
     path.write_text(one(docs, "ConfigMap")["data"]["colad.toml"], encoding="utf-8")
-    return config_mod.load(flags={"config": str(path)}, env={})
+    return config.load(flags={"config": str(path)}, env={})
 
 
 def mounts_by_path(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
@@ -302,7 +302,7 @@ def test_service_links_would_stop_colad(docs: list[dict[str, Any]], tmp_path: Pa
     path = tmp_path / "colad.toml"
     path.write_text(one(docs, "ConfigMap")["data"]["colad.toml"], encoding="utf-8")
     with pytest.raises(ConfigError, match="unknown variable"):
-        config_mod.load(flags={"config": str(path)}, env={f"{prefix}_SERVICE_HOST": "10.96.0.10"})
+        config.load(flags={"config": str(path)}, env={f"{prefix}_SERVICE_HOST": "10.96.0.10"})
 
 
 def test_resources_match_the_measured_footprint(docs: list[dict[str, Any]]) -> None:
@@ -345,14 +345,14 @@ def test_configmap_loads_with_colads_loader(docs: list[dict[str, Any]], tmp_path
     cfg = configmap_config(docs, tmp_path)
     assert cfg.config_file == str(tmp_path / "colad.toml")
     # The file lands at colad's default path: no --config or COLAD_CONFIG needed in the pod.
-    assert config_mod.DEFAULT_CONFIG_PATH == "/etc/colad/colad.toml"
+    assert config.DEFAULT_CONFIG_PATH == "/etc/colad/colad.toml"
     # The mount hides the package's /etc/colad/supervisord.conf; the Dockerfile copies it here.
     assert cfg.supervisord_template == "/usr/share/colad/supervisord.conf"
     assert cfg.supervisord_template in (KUBE / "Dockerfile").read_text()
 
 
 def test_ports_and_probes_follow_colads_metrics_address(docs: list[dict[str, Any]], tmp_path: Path) -> None:
-    _, default_port = parse_address(config_mod.Config().metrics_address)
+    _, default_port = parse_address(config.Config().metrics_address)
     host, port = parse_address(configmap_config(docs, tmp_path).metrics_address)
     assert host in {"0.0.0.0", "::"}, "the probes and Prometheus reach the pod's address"
     (container_port,) = container(docs)["ports"]

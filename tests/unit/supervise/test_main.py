@@ -10,7 +10,7 @@ import pytest
 
 from colad.config.config import Config
 from colad.core.errors import ConfigError
-from colad.supervise import main as supervise
+from colad.supervise import main
 
 pytestmark = pytest.mark.unit
 TEMPLATE = (Path(__file__).resolve().parents[3] / "conf" / "supervisord.conf").read_text()
@@ -25,7 +25,7 @@ def parse(text: str) -> configparser.RawConfigParser:
 @pytest.mark.parametrize("journal", [False, True], ids=["terminal", "journal"])
 def test_template_renders_three_supervised_programs(journal: bool) -> None:
     cfg = Config(run_dir="/run/colad-test")
-    conf = parse(supervise.render_conf(cfg, TEMPLATE, journal=journal))
+    conf = parse(main.render_conf(cfg, TEMPLATE, journal=journal))
     programs = [s.removeprefix("program:") for s in conf.sections() if s.startswith("program:")]
     assert programs == ["plugin", "discovery", "kubelet-watch"]
     for name in programs:
@@ -41,47 +41,47 @@ def test_template_renders_three_supervised_programs(journal: bool) -> None:
             assert section["stdout_logfile"] == "/dev/stdout"
     # The watchdog runs inside supervisord: no listener process, supervisord's factory, the configured level.
     assert [s for s in conf.sections() if s.startswith("eventlistener:")] == []
-    assert conf["rpcinterface:colad"]["supervisor.rpcinterface_factory"] == supervise.WATCHDOG_FACTORY
+    assert conf["rpcinterface:colad"]["supervisor.rpcinterface_factory"] == main.WATCHDOG_FACTORY
     assert conf["rpcinterface:colad"]["log_level"] == cfg.log_level
-    assert supervise.has_watchdog(supervise.render_conf(cfg, TEMPLATE, journal=journal))
+    assert main.has_watchdog(main.render_conf(cfg, TEMPLATE, journal=journal))
     assert conf["unix_http_server"]["file"] == "/run/colad-test/supervisor.sock"
     assert conf["unix_http_server"]["chmod"] == "0700"
     assert conf["supervisord"]["nodaemon"] == "true"
     assert conf["supervisord"]["logfile"] == "/dev/null"
-    rendered = supervise.render_conf(cfg, TEMPLATE, journal=True)
+    rendered = main.render_conf(cfg, TEMPLATE, journal=True)
     assert not [line for line in rendered.splitlines() if "/dev/stdout" in line and not line.startswith(";")]
 
 
 def test_a_template_from_before_the_in_process_watchdog_still_renders_and_is_told_apart() -> None:
     # A locally edited template (a conffile the upgrade kept) with the old listener and its ${listener_log}.
     old = "[supervisord]\n[eventlistener:watchdog]\ncommand=${python} -m colad watchdog\n${listener_log}\n"
-    rendered = supervise.render_conf(Config(), old, journal=False)
+    rendered = main.render_conf(Config(), old, journal=False)
     assert "stderr_logfile=/dev/stdout" in rendered
-    assert not supervise.has_watchdog(rendered)
-    assert not supervise.has_watchdog("[rpcinterface:colad]\nsupervisor.rpcinterface_factory = other:factory\n")
-    assert not supervise.has_watchdog("not [ an ini file")
+    assert not main.has_watchdog(rendered)
+    assert not main.has_watchdog("[rpcinterface:colad]\nsupervisor.rpcinterface_factory = other:factory\n")
+    assert not main.has_watchdog("not [ an ini file")
 
 
 def test_a_source_checkout_finds_the_template_in_its_conf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "prefix", str(tmp_path))  # an interpreter with no installed colad data
-    assert supervise.template_path(Config()) == Path(__file__).resolve().parents[3] / "conf" / "supervisord.conf"
+    assert main.template_path(Config()) == Path(__file__).resolve().parents[3] / "conf" / "supervisord.conf"
 
 
 def test_a_bad_placeholder_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="supervisord_template"):
-        supervise.render_conf(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
+        main.render_conf(Config(), "[supervisord]\nfile=${nope}\n", journal=False)
 
 
 def test_journal_detection_compares_stdout_with_journal_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
-    assert supervise.stdout_is_journal() is False
+    assert main.stdout_is_journal() is False
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")
-    assert supervise.stdout_is_journal() is False
+    assert main.stdout_is_journal() is False
 
 
 def test_the_waker_finds_the_pid_file_and_control_socket_of_the_shipped_template() -> None:
-    rendered = supervise.render_conf(Config(run_dir="/run/colad-test"), TEMPLATE, journal=False)
-    assert supervise.wake_paths(rendered) == ("/run/colad-test/supervisord.pid", "/run/colad-test/supervisor.sock")
+    rendered = main.render_conf(Config(run_dir="/run/colad-test"), TEMPLATE, journal=False)
+    assert main.wake_paths(rendered) == ("/run/colad-test/supervisord.pid", "/run/colad-test/supervisor.sock")
 
 
 @pytest.mark.parametrize(
@@ -96,4 +96,4 @@ def test_the_waker_finds_the_pid_file_and_control_socket_of_the_shipped_template
     ids=["no-socket", "no-pidfile", "expansion", "relative", "unparsable"],
 )
 def test_the_waker_is_skipped_for_a_template_it_cannot_read_literally(text: str) -> None:
-    assert supervise.wake_paths(text) is None
+    assert main.wake_paths(text) is None
