@@ -118,7 +118,7 @@ def plugin_fd_budget() -> int:
     """The plugin's files with the most resources, the queue full of peers and the HTTP server at its cap."""
     from colad.config.config import MAX_RESOURCES
     from colad.metrics import httpserver
-    from colad.queue import server as queue
+    from colad.queue import server
 
     http = httpserver.MAX_CONNECTIONS + 2 * (httpserver.LANE_BACKLOG + 1) + httpserver.FD_RESERVE
-    return PLUGIN_FIXED_FDS + MAX_RESOURCES * FDS_PER_RESOURCE + queue.MAX_PEERS + http
+    return PLUGIN_FIXED_FDS + MAX_RESOURCES * FDS_PER_RESOURCE + server.MAX_PEERS + http

@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from colad import __version__
-from colad.config import config as config_mod
+from colad.config import config
 from colad.core.errors import ConfigError
 from colad.core.roles import ROLE_NAMES, ROLES
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(command).parse_args(words)
         command, flags = args.command, {name: getattr(args, name) for name in CONFIG_FLAGS}
     try:
-        cfg = config_mod.load(flags)
+        cfg = config.load(flags)
     except ConfigError as exc:
         print(f"colad: {exc}", file=sys.stderr)
         return 2

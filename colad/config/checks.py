@@ -16,8 +16,7 @@ import stat
 from collections.abc import Callable, Sequence
 
 from colad.core import constants
-from colad.core.device_rules import command_problem as devices_command_problem
-from colad.core.device_rules import show
+from colad.core.device_rules import command_problem, show
 from colad.core.names import REPLICA_POLICIES
 from colad.runtime import dirpath
 
@@ -172,7 +171,7 @@ def printable_command_problem(value: tuple[str, ...]) -> str | None:
     for i, arg in enumerate(value):
         if problem := printable_text_problem(arg):
             return f"argument {i} {problem}"
-    return devices_command_problem(value)
+    return command_problem(value)
 
 
 MAX_TRUSTED_OWNERS = 64

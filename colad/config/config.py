@@ -555,7 +555,7 @@ class Output:
 
 
 # Every path colad writes that does not derive from a resource name (those are MAPPINGS' "path" space).
-# tests/unit/test_namemap.py fails when a Config path property or a join onto one of these
+# tests/unit/core/test_namemap.py fails when a Config path property or a join onto one of these
 # directories is not here.
 OUTPUTS: tuple[Output, ...] = (
     Output("nfd_features_file", lambda cfg: cfg.nfd_features_file, ("nfd_features_file",)),

@@ -79,6 +79,6 @@ def nfd_label_keys(resource_name: str, prefix: str = "") -> tuple[str, ...]:
 
 
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their
-# replica IDs; tests/unit/test_namemap.py proves it). IDs come from files at run time, so they are
+# replica IDs; tests/unit/core/test_namemap.py proves it). IDs come from files at run time, so they are
 # checked by construction, not at load.
 DEVICE_ID_MAPPINGS: tuple[Callable[..., str], ...] = (cdi_device_name, cdi_marker_name)

@@ -4,7 +4,7 @@
 plugin shell (registrar.py) must carry out: stop or start a server, send or cancel Register, send
 the kubelet an empty list. The shell posts what it observed back as events, and an effect it
 could not carry out as `EffectFailed`: no effect can leave a resource waiting for ever. No I/O,
-clocks, logging or metrics here; every edge is a row in tests/unit/test_registration.py.
+clocks, logging or metrics here; every edge is a row in tests/unit/core/test_registration.py.
 """
 
 from __future__ import annotations

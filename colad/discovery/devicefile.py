@@ -36,7 +36,7 @@ _MOUNT_KEYS = frozenset(("host_path", "container_path", "read_only", "optional")
 # tomllib builds a dotted key's tuple one part at a time and then checks every prefix of it, so a
 # key of n parts costs O(n^2): a 64 KiB `a.a.a...= 1` takes 20 s. The format's deepest key has two
 # parts (`envs.NAME`, `annotations."x/y"`, `[envs]`); 8 leaves room for any honest spelling and
-# keeps the worst file in milliseconds (tests/unit/test_devicefile_hostile.py measures it).
+# keeps the worst file in milliseconds (tests/unit/discovery/test_hostile_devicefile.py measures it).
 MAX_KEY_PARTS = 8
 # Strings are lexed as tomllib lexes them, so the scan agrees with the parser up to the first point
 # where tomllib fails anyway (it ends a multi-line string at the first closing triple and takes up

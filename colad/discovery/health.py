@@ -26,7 +26,7 @@ from colad.jobs.probes import PENDING, ProbeRunner
 from colad.outputs import cdi, nfd
 from colad.queue.client import StatsReporter
 from colad.runtime import log
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from colad.watchers.inotify import Inotify
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 LOG = log.get(__name__)
 
 # What can change a host path's verdict, watched on each path's nearest existing parent.
-HOST_PATH_EVENTS = watch.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
+HOST_PATH_EVENTS = loop.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
 HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
 # A turn that read this many names (a start, a listing, a burst's follow-up) leaves glibc's heap high with
@@ -86,7 +86,7 @@ class HealthOutputs:
         re-check their devices; both only those devices (O(change)), never waiting."""
         events = self.host_inotify.read()
         for event in events:
-            if event.mask & watch.SELF_GONE:
+            if event.mask & loop.SELF_GONE:
                 # That path, and every path under it, no longer names the inode watched (the watches
                 # below a moved directory followed it): let go of them all; the sync adds them by path.
                 # The event's own watch may already be no path's (the sync watched the new inode at
@@ -104,7 +104,7 @@ class HealthOutputs:
             every = self.host_recheck or any(e.overflow for e in events)
             self.host_recheck = False
             touched = {e.path for e in events}
-            gone = tuple(e.path.rstrip("/") + "/" for e in events if e.mask & watch.SELF_GONE)
+            gone = tuple(e.path.rstrip("/") + "/" for e in events if e.mask & loop.SELF_GONE)
 
             def concerned(dirs: frozenset[str]) -> bool:
                 return every or not dirs.isdisjoint(touched) or any(d.startswith(gone) for d in dirs)

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 
-from colad.config import config as config_mod
+from colad.config import config
 from colad.config.config import Config, Resource
 from colad.core import constants, devices, trust
 from colad.core.constants import UNHEALTHY
@@ -34,7 +34,7 @@ from colad.queue import device_wire, messages, snapshots
 from colad.queue.client import QueueClient
 from colad.queue.snapshots import Fitted, fit_the_queue
 from colad.runtime import log
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from colad.watchers.inotify import Inotify
 
 LOG = log.get(__name__)
@@ -44,7 +44,7 @@ UNUSABLE_RETRY_S = 2.0
 RELIST_NAMES = 1000
 
 
-class Discovery(watch.WatcherLoop, HealthOutputs):
+class Discovery(loop.WatcherLoop, HealthOutputs):
     """The discovery role's loop: inotify and timer turns rescan the resources that may have
     changed and publish what changed; a reload watches the new config's resources."""
 
@@ -438,8 +438,8 @@ class Discovery(watch.WatcherLoop, HealthOutputs):
 
 
 def main(args: object = None, cfg: Config | None = None) -> int:
-    cfg = cfg or config_mod.load()
+    cfg = cfg or config.load()
     dirs = ",".join(r.device_dir for r in cfg.resources)
     commands.become_subreaper()  # a probe's orphans are re-parented here, to be found and reaped
     signal.signal(signal.SIGCHLD, commands.child_exited)  # wakes the loop (the waker's fd), which sweeps
-    return watch.run_role(DISCOVERY.name, lambda: Discovery(cfg), cfg, device_dirs=dirs)
+    return loop.run_role(DISCOVERY.name, lambda: Discovery(cfg), cfg, device_dirs=dirs)

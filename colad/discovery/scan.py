@@ -29,7 +29,7 @@ from colad.jobs.probes import PENDING, Probe, ProbeResult, ProbeRunner
 from colad.queue import device_wire
 from colad.runtime import log
 from colad.runtime.pathtrust import directory_problem
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from colad.watchers.inotify import Inotify
 
 # The role's logger: its lines (and the tests matching them) stay those of discovery.
@@ -219,7 +219,7 @@ class ResourceWatch:
         self.trusted_uids = trusted  # whose device files and directories are honoured (trust.py)
         self.health = health or DeviceHealth(resource, False, None)
         self.shown: dict[str, Device] = {}  # what is advertised per ID of the last scan (health applied)
-        self.dir = watch.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
+        self.dir = loop.DirWatch(inotify, resource.device_dir, DEVICE_EVENTS)
         self.current: devices.DeviceSet | None = None
         self.seq = 0  # the seq `current` was published with: the base of the next delta
         self.digest: int | None = None  # device_wire.set_digest(current), from the first delta on

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from colad.config import config as config_mod
+from colad.config import config
 from colad.config.config import Config
 from colad.core import constants
 from colad.core.roles import KUBELET_WATCH
@@ -19,24 +19,24 @@ from colad.queue import messages
 from colad.queue.client import QueueClient
 from colad.runtime import log
 from colad.runtime.kubeletdir import is_plugin_socket_name, plugin_sockets, socket_identity
-from colad.watchers import loop as watch
+from colad.watchers import loop
 from colad.watchers.inotify import InotifyEvent
 
 LOG = log.get(__name__)
 
-KUBELET_DIR_EVENTS = watch.DIR_CHANGE_EVENTS
+KUBELET_DIR_EVENTS = loop.DIR_CHANGE_EVENTS
 
 
-class KubeletWatch(watch.WatcherLoop):
+class KubeletWatch(loop.WatcherLoop):
     """The watcher role's loop: inotify on the kubelet directory, a KubeletState on every change."""
 
     def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
         super().__init__(cfg, KUBELET_WATCH.name, client=client)
-        self.kubelet_dir = watch.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
+        self.kubelet_dir = loop.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
         self.last: tuple[str, tuple[str, ...]] | None = None
 
     def relevant(self, event: InotifyEvent) -> bool:
-        if event.overflow or event.mask & watch.SELF_GONE:
+        if event.overflow or event.mask & loop.SELF_GONE:
             return True
         if not self.kubelet_dir.concerns(event):
             return False
@@ -94,5 +94,5 @@ class KubeletWatch(watch.WatcherLoop):
 
 
 def main(args: object = None, cfg: Config | None = None) -> int:
-    cfg = cfg or config_mod.load()
-    return watch.run_role(KUBELET_WATCH.name, lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)
+    cfg = cfg or config.load()
+    return loop.run_role(KUBELET_WATCH.name, lambda: KubeletWatch(cfg), cfg, kubelet_dir=cfg.kubelet_dir)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from colad.config import config as config_mod
+from colad.config import config
 from colad.config.config import Config, Resource
 from colad.core import registration as reg
 from colad.core.errors import ConfigError, InstanceError
@@ -404,7 +404,7 @@ class Plugin:
     def reload(self) -> None:
         """Re-read the config (SIGHUP): validate all of it, then apply it, or keep the running one."""
         try:
-            applied, deferred = config_mod.reload_config(self.cfg)
+            applied, deferred = config.reload_config(self.cfg)
         except ConfigError as exc:
             self.last_reload = statefile.ReloadResult(at=self.wall(), ok=False, reason=str(exc))
             return
@@ -502,7 +502,7 @@ class Plugin:
 
 
 def main(args: object = None, cfg: Config | None = None) -> int:
-    cfg = cfg or config_mod.load()
+    cfg = cfg or config.load()
     log.setup(PLUGIN.name, cfg.log_level)
     proc.setup_role()
     commands.become_subreaper()  # a prepare command's orphans are re-parented here, to be found and reaped

@@ -32,7 +32,7 @@ WIRE_VERSION = 1
 # The queue must carry any list the kubelet can take. What the kubelet sees of a device is
 # its ID, health and NUMA nodes, and such a device's JSON entry is at most 2.45 times its
 # ListAndWatch protobuf entry (the worst: a 1-character Unhealthy ID on NUMA node 0, 49 bytes
-# against 20; a bare 1-character ID 16 against 14; tests/unit/test_wire_limits.py measures them).
+# against 20; a bare 1-character ID 16 against 14; tests/unit/queue/test_wire_limits.py measures them).
 # So 3x the kubelet's 4 MiB: 226,600 short IDs (the kubelet's most) are 4.4 MiB here. File content
 # (paths, envs) beyond the frame is demoted by snapshots.fit_the_queue. A reader holds one frame.
 JSON_PER_PROTOBUF = 3

@@ -232,7 +232,7 @@ def wait_and_wake(parent: int, pidfile: str, sock_path: str) -> int:
     """The waker's body: wait (inotify on the pid file's directory, bounded) for `parent`'s pid file."""
     import pyinotify  # only the waker needs these, after the fork: never on the path to exec
 
-    from colad.watchers import loop as watch
+    from colad.watchers import loop
     from colad.watchers.inotify import Inotify
 
     started = time.monotonic()
@@ -251,7 +251,7 @@ def wait_and_wake(parent: int, pidfile: str, sock_path: str) -> int:
         gone = None
     while not _written_by(pidfile, parent):  # checked after the watch is added: no write can slip past
         remaining = started + WAKE_DEADLINE - time.monotonic()
-        ready = watch.poll([inotify.fileno(), gone], min(remaining, every)) if remaining > 0 else set()
+        ready = loop.poll([inotify.fileno(), gone], min(remaining, every)) if remaining > 0 else set()
         if gone is not None and gone in ready:
             LOG.info("supervisord waker done: supervisord exited before it started")
             return 1

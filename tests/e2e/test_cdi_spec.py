@@ -22,7 +22,7 @@ from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
 from tests.oracles import nfd_labels
 from tests.service import ColadService
-from tests.unit.test_cdi import _schema
+from tests.unit.outputs.test_cdi import _schema
 
 pytestmark = [pytest.mark.e2e, *needs_podman]
 

@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.test_hostile_plugin import sample
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import wait_until
-from tests.integration.test_commands import survivors, token, zombies_of
+from tests.integration.jobs.test_commands import survivors, token, zombies_of
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e

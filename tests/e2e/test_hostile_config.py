@@ -2,7 +2,7 @@
 
 Paths and addresses the code cannot use, and one device directory through two resources or nested,
 through the real `python -m colad`, under the real supervisord for start and
-`colad reload`; a seeded sample of the in-process fuzz (tests/unit/test_config_hostile.py) as subprocesses.
+`colad reload`; a seeded sample of the in-process fuzz (tests/unit/config/test_hostile.py) as subprocesses.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from tests.fakes.kubelet import FakeKubelet
 from tests.service import ColadService
-from tests.unit import test_config_hostile as fuzz
+from tests.unit.config import test_hostile as fuzz
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from colad.config import config as config_mod
+from colad.config import config
 from tests import image
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.podresources import FakePodResources
@@ -93,7 +93,7 @@ def pod() -> Iterator[Pod]:
     run = image.PodRun(host_root=root / "host", name=name, image=ref)
     args = run.args()  # creates the hostPath and ConfigMap directories
     cfg_path = run.host_dir("config") / "colad.toml"
-    cfg = config_mod.load(flags={"config": str(cfg_path)}, env={})
+    cfg = config.load(flags={"config": str(cfg_path)}, env={})
     kubelet = FakeKubelet(run.host_path_of(cfg.kubelet_dir))
     pod_resources = FakePodResources(
         run.host_path_of(str(Path(cfg.pod_resources_socket).parent)) / Path(cfg.pod_resources_socket).name

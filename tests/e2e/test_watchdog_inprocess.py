@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 
 from colad.health.rule import PROGRAMS
-from colad.supervise import main as supervise
-from colad.supervise import watchdog
+from colad.supervise import main, watchdog
 from tests.fakes.kubelet import FakeKubelet
 from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
@@ -55,20 +54,20 @@ def make_faulty_rpcinterface(supervisord: Any, **keys: str) -> watchdog.ColadNam
     return watchdog.make_rpcinterface(supervisord, core=FaultyCore(), **keys)
 
 
-def failing_template(root: Path, *, factory: str = supervise.WATCHDOG_FACTORY) -> Path:
+def failing_template(root: Path, *, factory: str = main.WATCHDOG_FACTORY) -> Path:
     """The shipped template, discovery failing (exit 3) while `root`/discovery-fails exists, one retry."""
     head, rest = TEMPLATE.split("[program:discovery]\n", 1)
     section, tail = rest.split("\n[", 1)
-    assert DISCOVERY in section and "startretries=10\n" in section and supervise.WATCHDOG_FACTORY in head
+    assert DISCOVERY in section and "startretries=10\n" in section and main.WATCHDOG_FACTORY in head
     marker = root / "discovery-fails"
     failing = f"command=/bin/sh -c '[ -e {marker} ] && exit 3; exec {DISCOVERY.split('=', 1)[1].strip()}'\n"
     section = section.replace(DISCOVERY, failing).replace("startretries=10\n", "startretries=1\n")
     path = root / "supervisord.conf.in"
-    path.write_text(f"{head.replace(supervise.WATCHDOG_FACTORY, factory)}[program:discovery]\n{section}\n[{tail}")
+    path.write_text(f"{head.replace(main.WATCHDOG_FACTORY, factory)}[program:discovery]\n{section}\n[{tail}")
     return path
 
 
-def start(root: Path, factory: str = supervise.WATCHDOG_FACTORY, python: str = sys.executable) -> ColadService:
+def start(root: Path, factory: str = main.WATCHDOG_FACTORY, python: str = sys.executable) -> ColadService:
     env = {"COLAD_SUPERVISORD_TEMPLATE": str(failing_template(root, factory=factory)), "PYTHONPATH": str(REPO)}
     service = ColadService(root, extra_env=env, python=python)
     service.add(*BASE)

@@ -103,7 +103,7 @@ Serve = Callable[..., tuple[QueueServer, "Inbox"]]  # the `serve` fixture: serve
 
 
 def PipeWaker() -> SignalWaker:  # noqa: N802 - reads as the class it stands in for
-    """watch.SignalWaker without the signal hook (which needs the main thread): wake() ends a blocking step."""
+    """loop.SignalWaker without the signal hook (which needs the main thread): wake() ends a blocking step."""
     return SignalWaker(signals=False)
 
 
