@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from colad.core.devices import DeviceSet
+from colad.core.names import DNS1123_LABEL_MAX_LENGTH, is_dns1123_label
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ KIND: Final = "ResourceSlice"
 MAX_DEVICES_PER_SLICE: Final = 128
 # resource/v1 types.go: DeviceAttributeMaxValueLength, ResourceSliceMaxAttributesAndCapacitiesPerDevice.
 MAX_ATTRIBUTE_STRING: Final = 64
-# apimachinery IsDNS1123Label: what validation.go's validateDeviceName requires of a device name.
-DNS1123_LABEL_MAX_LENGTH: Final = 63
-_DNS1123_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\Z")
 # A device's attributes. Names without a domain belong to the driver's domain (types.go, QualifiedName).
 FILE_ATTRIBUTE: Final = "file"  # the device file's name (the device ID), always
 RESOURCE_ATTRIBUTE: Final = "resource"  # the extended resource the device belongs to, for a DeviceClass selector
@@ -37,11 +35,6 @@ _INDEX_PREFIX = re.compile(r"([0-9a-f]{5,})-")
 _GENERATE_NAME_MAX = 58  # apiserver names.SimpleNameGenerator: 63 minus the 5 random characters
 # A generated device name's hash: 8 hex digits, longer only when that name is already taken.
 _HASH_LENGTHS = (8, 12, 16, 32)
-
-
-def is_dns1123_label(value: str) -> bool:
-    """Lower-case letters, digits and '-', 1 to 63 characters, starting and ending alphanumeric."""
-    return len(value) <= DNS1123_LABEL_MAX_LENGTH and _DNS1123_LABEL.match(value) is not None
 
 
 def _generated_name(device_id: str, hash_length: int) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from colad.core.constants import HEALTHY, UNHEALTHY
 from colad.core.devices import Device, DeviceSet
+from colad.core.names import is_dns1123_label
 from colad.core.slices import (
     FILE_ATTRIBUTE,
     MAX_DEVICES_PER_SLICE,
@@ -18,7 +19,6 @@ from colad.core.slices import (
     SlicePlan,
     device_names,
     generate_name,
-    is_dns1123_label,
     plan,
     pool,
     pool_names,
