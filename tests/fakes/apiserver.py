@@ -4,7 +4,8 @@ Written from the upstream contract (kubernetes/api resource/v1 types.go, kuberne
 pkg/apis/resource/validation, the apiserver's REST conventions), since no kube-apiserver binary is to be
 had here. ResourceSlices: create (generateName), get, update (409 on a stale resourceVersion, 422 on a
 changed driver, pool or node), delete (preconditions), deletecollection and list with field selectors,
-watch (chunked JSON events from a resourceVersion, bookmarks, 410 once compacted). ResourceClaims and
+watch (chunked JSON events: the current state first when no resourceVersion is given, else the changes after
+it; bookmarks; 410 once compacted). ResourceClaims and
 Nodes: get. What upstream validation refuses is 422 with a Status body; a request without a valid
 token or client certificate is 401. It can go down and come back on the same port, hang, and wipe a
 node's slices as the kubelet does at its start. Every request is recorded.
@@ -585,6 +586,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         with fake.lock:
             fake.requests.append((self.command, self.path, 200))
+            # "" and "0" start at the current state, sent first as synthetic ADDED events (the API
+            # conventions' "Get State and Start at Most Recent / Any"); a version starts after it.
+            initial = (
+                [] if start not in ("", "0") else [o for _, o in sorted(fake.slices.items()) if _matches(o, terms)]
+            )
+            initial = json.loads(json.dumps(initial))
             since = int(start) if start.isdigit() and start != "0" else fake.resource_version
             expired = since < fake.compacted
             # The first event to send: the first after `since`; bookmarks only from now on.
@@ -595,6 +602,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk({"type": "ERROR", "object": status_body(410, "Expired", f"too old resource version: {since}")})
             self._chunk(None)
             return
+        for obj in initial:
+            self._chunk({"type": "ADDED", "object": obj})
         deadline = threading.Event()
         timer = threading.Timer(timeout, deadline.set)
         timer.daemon = True

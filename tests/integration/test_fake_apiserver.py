@@ -150,3 +150,9 @@ def test_unknown_paths_and_objects_are_not_found(client: KubeClient) -> None:
         client.get_node("absent")
     with pytest.raises(NotFound):
         client.delete_slice("absent")
+
+
+def test_a_watch_without_a_resource_version_starts_with_the_current_state(client: KubeClient) -> None:
+    created = client.create_slice(valid(nodeName="node-9"))
+    events = list(client.watch_slices("spec.nodeName=node-9", "", timeout_seconds=1))
+    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [("ADDED", created["metadata"]["name"])]
