@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from colad.core.devices import DeviceSet
-from colad.core.names import DNS1123_LABEL_MAX_LENGTH, is_dns1123_label
+from colad.core.namemap import dra_device_name
+from colad.core.names import is_dns1123_label
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -37,16 +38,6 @@ _GENERATE_NAME_MAX = 58  # apiserver names.SimpleNameGenerator: 63 minus the 5 r
 _HASH_LENGTHS = (8, 12, 16, 32)
 
 
-def _generated_name(device_id: str, hash_length: int) -> str:
-    """A DNS label for an ID that is not one: its lower-cased, sanitized form and a hash of the exact ID."""
-    from hashlib import sha256  # only for IDs that are not DNS labels
-
-    digest = sha256(device_id.encode("utf-8", "surrogateescape")).hexdigest()[:hash_length]
-    stem = re.sub(r"[^a-z0-9-]", "-", device_id.lower())
-    stem = stem[: DNS1123_LABEL_MAX_LENGTH - hash_length - 1].strip("-")
-    return f"{stem}-{digest}" if stem else f"d{digest}"
-
-
 def device_names(device_ids: Iterable[str]) -> dict[str, str]:
     """Each ID's device name: the ID itself when it is a DNS label, else a generated, stable one.
 
@@ -61,11 +52,11 @@ def device_names(device_ids: Iterable[str]) -> dict[str, str]:
         if device_id in names:
             continue
         for length in _HASH_LENGTHS:
-            name = _generated_name(device_id, length)
+            name = dra_device_name(device_id, length)
             if name not in taken:
                 break
-        else:  # a full sha256 prefix clash: not reachable in practice, still never a duplicate
-            name = _generated_name(device_id + "\x00", _HASH_LENGTHS[-1])
+        else:  # a clash of 32 hex digits of sha256: not reachable in practice, still never a duplicate
+            name = dra_device_name(device_id + "\x00", _HASH_LENGTHS[-1])
         names[device_id] = name
         taken.add(name)
     return names
