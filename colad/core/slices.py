@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from colad.core.devices import DeviceSet
+from colad.core.devices import REPLICA_SEPARATOR, DeviceSet
 from colad.core.namemap import dra_device_name
 from colad.core.names import is_dns1123_label
 
@@ -27,7 +27,8 @@ MAX_DEVICES_PER_SLICE: Final = 128
 # resource/v1 types.go: DeviceAttributeMaxValueLength, ResourceSliceMaxAttributesAndCapacitiesPerDevice.
 MAX_ATTRIBUTE_STRING: Final = 64
 # A device's attributes. Names without a domain belong to the driver's domain (types.go, QualifiedName).
-FILE_ATTRIBUTE: Final = "file"  # the device file's name (the device ID), always
+FILE_ATTRIBUTE: Final = "file"  # the device file's name, always (a replica's is its device's)
+REPLICA_ATTRIBUTE: Final = "replica"  # a shared device's replica number, on replicas only
 RESOURCE_ATTRIBUTE: Final = "resource"  # the extended resource the device belongs to, for a DeviceClass selector
 NUMA_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"  # the standard name, compared across drivers
 # The slice's index leads its name, so that the API server's generateName truncation (to 58 characters)
@@ -107,7 +108,10 @@ def pool(name: str, resource_name: str, devices: DeviceSet) -> Pool:
     names = device_names(d.device_id for d in healthy)
     listed = []
     for device in healthy:
-        attributes: list[tuple[str, str, int | str]] = [(FILE_ATTRIBUTE, "string", device.device_id)]
+        file_name, replica, number = device.device_id.partition(REPLICA_SEPARATOR)
+        attributes: list[tuple[str, str, int | str]] = [(FILE_ATTRIBUTE, "string", file_name)]
+        if replica:
+            attributes.append((REPLICA_ATTRIBUTE, "int", int(number)))
         if len(resource_name) <= MAX_ATTRIBUTE_STRING:
             attributes.append((RESOURCE_ATTRIBUTE, "string", resource_name))
         if len(device.numa_nodes) == 1:  # a device on several NUMA nodes has no one node to match

@@ -7,12 +7,13 @@ import itertools
 import pytest
 
 from colad.core.constants import HEALTHY, UNHEALTHY
-from colad.core.devices import Device, DeviceSet
+from colad.core.devices import Device, DeviceSet, replicate
 from colad.core.names import is_dns1123_label
 from colad.core.slices import (
     FILE_ATTRIBUTE,
     MAX_DEVICES_PER_SLICE,
     NUMA_ATTRIBUTE,
+    REPLICA_ATTRIBUTE,
     DesiredSlice,
     ExistingSlice,
     Pool,
@@ -135,6 +136,14 @@ def test_unhealthy_devices_are_left_out_and_the_file_name_is_an_attribute() -> N
     assert set(by_file) == {"Cola1", "n"}
     assert (NUMA_ATTRIBUTE, "int", 1) in by_file["n"].attributes
     assert all(k != NUMA_ATTRIBUTE for k, _, _ in by_file["Cola1"].attributes)
+
+
+def test_a_replica_carries_its_file_name_and_number() -> None:
+    made = pool(NODE, RESOURCE, replicate(DeviceSet.of([Device("cola1")]), 2))
+    assert [dict((k, v) for k, _, v in d.attributes) for d in made.devices] == [
+        {FILE_ATTRIBUTE: "cola1", REPLICA_ATTRIBUTE: n, "resource": RESOURCE} for n in (0, 1)
+    ]
+    assert all(is_dns1123_label(d.name) for d in made.devices)
 
 
 def test_300_devices_make_three_slices_of_at_most_128() -> None:
