@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from colad.core.device_rules import CDI_CLASS, CDI_VENDOR, cdi_name
+from colad.core.names import DNS1123_LABEL_MAX_LENGTH, is_dns1123_label
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ CDI_MARKER_PREFIX: Final = "COLA_DEVICE_"
 CDI_SPEC_PREFIX: Final = "colad-"
 CDI_SPEC_SUFFIX: Final = ".json"
 _UNESCAPED = re.compile(r"[^A-Za-z0-9]")
+_NOT_IN_LABEL = re.compile(r"[^a-z0-9-]")
 
 
 def cdi_kind_problem(resource_name: str) -> str | None:
@@ -64,6 +66,19 @@ def cdi_marker_name(device_id: str) -> str:
     return CDI_MARKER_PREFIX + _UNESCAPED.sub(lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), device_id)
 
 
+def dra_device_name(device_id: str, hash_length: int = 8) -> str:
+    """The DRA device name of an ID (a DNS label): the ID itself when it is one, else its lower-cased form
+    with every other character as '-', cut, and `hash_length` hex digits of the ID's sha256. One-to-one
+    but for a clash of hash prefixes, which slices.device_names resolves with a longer hash."""
+    if is_dns1123_label(device_id):
+        return device_id
+    from hashlib import sha256  # only for IDs that are not DNS labels
+
+    digest = sha256(device_id.encode("utf-8", "surrogateescape")).hexdigest()[:hash_length]
+    stem = _NOT_IN_LABEL.sub("-", device_id.lower())[: DNS1123_LABEL_MAX_LENGTH - hash_length - 1].strip("-")
+    return f"{stem}-{digest}" if stem else f"d{digest}"
+
+
 def nfd_label_base(resource_name: str, prefix: str = "") -> str:
     """`myway5.com/cola` -> `myway5.com-cola` (NFD adds its own prefix), or `<prefix>/cola`.
     Not one-to-one: '/' becomes '-', and a prefix drops the domain (`a.com/x` and `b.com/x` meet)."""
@@ -81,4 +96,4 @@ def nfd_label_keys(resource_name: str, prefix: str = "") -> tuple[str, ...]:
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their
 # replica IDs; tests/unit/core/test_namemap.py proves it). IDs come from files at run time, so they are
 # checked by construction, not at load.
-DEVICE_ID_MAPPINGS: tuple[Callable[..., str], ...] = (cdi_device_name, cdi_marker_name)
+DEVICE_ID_MAPPINGS: tuple[Callable[..., str], ...] = (cdi_device_name, cdi_marker_name, dra_device_name)

@@ -29,12 +29,20 @@ CDI_MODES: Final = ("both", "only", "off")
 DNS1123_SUBDOMAIN_MAX_LENGTH: Final = 253
 QUALIFIED_NAME_MAX_LENGTH: Final = 63
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
+# IsDNS1123Label (DNS1123LabelMaxLength): what a DRA device name must be (resource validation.go).
+DNS1123_LABEL_MAX_LENGTH: Final = 63
+_DNS1123_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\Z")
 _QUALIFIED_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 
 
 def is_dns1123_subdomain(value: str) -> bool:
     """Lower-case DNS labels joined by '.', 1 to 253 characters."""
     return len(value) <= DNS1123_SUBDOMAIN_MAX_LENGTH and _DNS1123_SUBDOMAIN.match(value) is not None
+
+
+def is_dns1123_label(value: str) -> bool:
+    """Lower-case letters, digits and '-', 1 to 63 characters, starting and ending alphanumeric."""
+    return len(value) <= DNS1123_LABEL_MAX_LENGTH and _DNS1123_LABEL.match(value) is not None
 
 
 def is_qualified_name(value: str) -> bool:

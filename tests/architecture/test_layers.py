@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("outputs",),  # files colad writes for others: CDI specs, NFD features, the state file, socket records
     ("config",),  # the typed configuration, loaded once
     ("queue",),  # the local queue's protocol, client and server
+    ("kube",),  # the API server: kubeconfig and service-account access, the REST client
     ("watchers",),  # inotify and the loop discovery and kubelet-watch share
     ("jobs",),  # external commands: probes and prepare commands, and their processes
     ("metrics",),  # the metrics registry, its collectors and the HTTP endpoint

@@ -245,7 +245,12 @@ def test_device_id_mappings_are_one_to_one_over_ids_and_replica_ids() -> None:
     replicas = {devices.replica_id(i, n): (i, n) for i in physical for n in range(3)}
     assert len(replicas) == 3 * len(physical) and not set(replicas) & physical  # never a file's ID
     assert all(devices.base_id(r) == i for r, (i, _) in replicas.items())
-    assert set(namemap.DEVICE_ID_MAPPINGS) == {namemap.cdi_device_name, namemap.cdi_marker_name}
+    assert len({namemap.dra_device_name(i) for i in ids}) == len(ids)
+    assert set(namemap.DEVICE_ID_MAPPINGS) == {
+        namemap.cdi_device_name,
+        namemap.cdi_marker_name,
+        namemap.dra_device_name,
+    }
 
 
 # --- the table covers every function that derives a name ------------------------------------------
