@@ -5,7 +5,7 @@ Reads: each resource's device directory (inotify, a periodic safety rescan) and 
 DeviceSnapshot after every (re)connect, then what changed as a DeviceDelta (snapshots.py).
 Level-triggered: an event that names files reads those files again and moves them in the held
 set (O(change)); any other event, an overflow, the timer or a reload re-list the directory.
-Changes that come while the last publish holds the next back go together (colad/discovery/scan.py).
+No timer holds a change back; changes go together only by backpressure (docs/DEVELOPING.md, the data path).
 Each device as read gets its host-path health and probe verdict (DeviceHealth); each change
 rewrites the resource's CDI spec and the NFD feature file. Neighbours: colad/discovery/scan.py (one
 directory's scans), colad/discovery/health.py (health, host-path watches, CDI and NFD files).
@@ -71,7 +71,6 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         self.failed_writes: dict[str, str] = {}  # file -> the error last logged for it
         self.host_recheck = False  # a watch was added: look at the host paths again
         self.specs_dirty: set[str] = set()  # resources whose CDI spec is written at the end of this turn
-        self.awaiting_hold: list[ResourceWatch] = []  # this turn's publishes: their hold starts at its end
         self.watches: dict[str, ResourceWatch] = {r.name: self._watch(r) for r in cfg.resources}
         self.next_rescan = 0.0
         self.trim_due = False  # this turn read TRIM_AFTER_NAMES names or more: trimmed after its outputs
@@ -115,6 +114,7 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
             try:
                 name = rw.resource.name
                 names = None if dirty is None else dirty.get(name, set())
+                rw.retry_whole = rw.retry_whole and names is not None  # stat()ing every file is the retry
                 self._rescan_one(rw, reason, names, "*" in listed or name in listed)
             except Exception as exc:  # noqa: BLE001 - the loop boundary: one resource must not stop the others
                 frame = traceback.extract_tb(exc.__traceback__)[-1]
@@ -126,8 +126,7 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
                     at=f"{os.path.basename(frame.filename)}:{frame.lineno}",
                 )
                 self.stats.count("input.rescan_failed")
-                rw.follow_up = rw.hold_until = self.clock() + UNUSABLE_RETRY_S
-                rw.pending.update(names or ())  # not lost: tried again with the retry
+                rw.follow_up, rw.retry_whole = self.clock() + UNUSABLE_RETRY_S, True
         if watches is None:  # the periodic pass also retries a spec or feature file that could not be written
             self.specs_dirty.update(rw.resource.name for rw in targets)
             self.nfd_dirty = self.features is not None
@@ -214,8 +213,6 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         self._spec_before_publish(rw, came, gone, change.removed)
         # Send first, log after: the log line is not on the path to the kubelet.
         self.client.publish(snapshot, delta=delta)
-        rw.start_hold(self.clock())
-        self.awaiting_hold.append(rw)
         self.nfd_dirty = self.features is not None
         LOG.info(
             "device set changed",
@@ -250,6 +247,10 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         """The follow-up rescan an unusable directory (a retry) or racy entries (a re-read) need."""
         if unusable is not None:
             rw.follow_up = self.clock() + UNUSABLE_RETRY_S
+        elif rw.retry_whole:  # a failed rescan's retry stands; racy entries may bring it forward
+            if settles_in is not None:
+                soon = self.clock() + settles_in
+                rw.follow_up = soon if rw.follow_up is None else min(rw.follow_up, soon)
         elif settles_in is not None:
             rw.follow_up = self.clock() + min(settles_in, self.cfg.rescan_interval)
         else:
@@ -301,22 +302,22 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         events = self.wait(timeout)
         if events is None:
             return
-        overflow, now = False, self.clock()
-        for event in events:  # each resource keeps what its events named until its hold has passed
+        overflow = False
+        for event in events:  # everything that came during the last turn: read again as one change
             overflow = overflow or event.overflow
             for rw in self.watches.values():
                 rw.dir.note(event)
                 if not event.overflow and rw.dir.concerns(event):
-                    rw.note(event.name if event.wd == rw.dir.wd and event.name else None, now)
+                    rw.note(event.name if event.wd == rw.dir.wd and event.name else None)
         moved = [rw for rw in self.watches.values() if rw.dir.ensure()]
-        if overflow or now >= self.next_rescan:
+        if overflow or self.clock() >= self.next_rescan:
             for rw in self.watches.values():
                 rw.take_pending()  # every name is stat()ed again
             self.rescan("overflow" if overflow else "periodic")
         else:
             for rw in moved:
                 rw.take_pending()
-            ready = [rw for rw in self.watches.values() if rw.due(now)]
+            ready = [rw for rw in self.watches.values() if rw.due]
             if ready:
                 taken = {rw.resource.name: rw.take_pending() for rw in ready}
                 touched = {name: names for name, (names, _) in taken.items()}
@@ -327,18 +328,15 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         now = self.clock()
         due = [rw for rw in self.watches.values() if rw.follow_up is not None and rw.follow_up <= now]
         # Racy entries are read again whatever `dirty` says; a directory that was unusable is stat()ed in full.
-        racy_only, unusable = [rw for rw in due if rw.unusable is None], [rw for rw in due if rw.unusable is not None]
+        full = [rw for rw in due if rw.unusable is not None or rw.retry_whole]
+        racy_only = [rw for rw in due if rw not in full]
         if racy_only:
             self.rescan("followup", racy_only, {rw.resource.name: set(rw.racy) for rw in racy_only}, ())
-        if unusable:
-            self.rescan("followup", unusable)
+        if full:
+            self.rescan("followup", full)
         self._health_step()
         self._write_outputs()
-        now = self.clock()
-        for rw in self.awaiting_hold:  # what came while the turn wrote its outputs waited for the hold
-            rw.start_hold(now)
-        self.awaiting_hold.clear()
-        self.finish(now)
+        self.finish(self.clock())
 
     def _relist(self, name: str, names: set[str]) -> bool:
         """List the directory rather than stat each name? When the names hold many known devices (a
@@ -365,8 +363,8 @@ class Discovery(loop.WatcherLoop, HealthOutputs):
         for rw in self.watches.values():
             if rw.follow_up is not None and rw.follow_up < soonest:
                 soonest = rw.follow_up
-            if (rw.pending or rw.pending_whole) and rw.hold_until < soonest:
-                soonest = rw.hold_until
+            if rw.due:
+                return 0.0
         probe = self.runner.next_deadline()
         if probe is not None and probe < soonest:
             soonest = probe

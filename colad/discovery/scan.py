@@ -49,20 +49,6 @@ DEVICE_EVENTS = (
 
 # A parse slower than this is logged: the pre-scan in devicefile.py should make it impossible.
 SLOW_READ_S = 0.25
-# Each publish costs the whole list: the plugin's and the kubelet's message, discovery's CDI spec
-# (about 55 ms together at 10,000 devices). A change goes at once unless it came within the window
-# after the publish before and that one was held too: such a streak of changes waits for the hold,
-# and each holds the next back twice as long, up to hold_max(). A 10,000-file burst is a few
-# messages a second, not hundreds; a lone change never waits.
-HOLD_BASE_S = 0.004
-HOLD_MAX_S = 0.064  # the longest hold of a small set
-HOLD_PER_DEVICE_S = 20e-6  # a larger set's: about four times what its publish costs
-HOLD_CEILING_S = 1.0
-
-
-def hold_max(devices: int) -> float:
-    """The longest a publish of `devices` devices holds back the next."""
-    return min(HOLD_CEILING_S, max(HOLD_MAX_S, devices * HOLD_PER_DEVICE_S))
 
 
 @dataclass(frozen=True)
@@ -233,39 +219,30 @@ class ResourceWatch:
         self.unhealthy = 0  # current.count(UNHEALTHY)
         self.racy: dict[str, int] = {}  # name -> settles_ns of the cache entries not trusted yet
         self.follow_up: float | None = None  # monotonic time of a rescan that racy entries or a retry need
-        self.pending: set[str] = set()  # names events gave, not rescanned yet (held back)
+        self.pending: set[str] = set()  # names events gave, not rescanned yet
         self.pending_whole = False  # an event named no file in the directory: list it again
-        self.window_until = 0.0  # monotonic time until which a change continues the streak (HOLD_BASE_S)
-        self.hold_until = 0.0  # before it, a change waits (the window; none on a streak of 0)
-        self.held = False  # a change came within the window
-        self.streak = 0  # publishes in a row that changes waited for
+        self.retry_whole = False  # a rescan failed: its retry (follow_up) stats every file
         # Longest file name that still leaves room for the replica suffix "::<n>".
         suffix = len(f"{devices.REPLICA_SEPARATOR}{resource.replicas - 1}") if resource.replicas > 1 else 0
         self.max_id = MAX_DEVICE_ID_LENGTH - suffix
 
-    def note(self, name: str | None, now: float) -> None:
+    def note(self, name: str | None) -> None:
         """An event named `name` in the directory (None: named no file in it)."""
         if name is None:
             self.pending_whole = True
         else:
             self.pending.add(name)
-        self.held = self.held or now < self.window_until
 
-    def due(self, now: float) -> bool:
-        """Are there changes to rescan, and has the hold on them passed?"""
-        return (bool(self.pending) or self.pending_whole) and now >= self.hold_until
+    @property
+    def due(self) -> bool:
+        """Are there changes to rescan?"""
+        return bool(self.pending) or self.pending_whole
 
     def take_pending(self) -> tuple[set[str], bool]:
-        """The names to rescan and whether to list the directory; counts the streak of held publishes."""
+        """The names to rescan and whether to list the directory."""
         names, whole = self.pending, self.pending_whole
         self.pending, self.pending_whole = set(), False
-        self.streak, self.held = self.streak + 1 if self.held else 0, False
         return names, whole
-
-    def start_hold(self, now: float) -> None:
-        """A publish (or the end of the turn that made it) at `now`: the hold on the next starts."""
-        self.window_until = now + min(hold_max(len(self.current or ())), HOLD_BASE_S * 2 ** min(self.streak, 10))
-        self.hold_until = self.window_until if self.streak else now
 
     def scan(self, dirty: set[str] | None, *, clock: Callable[[], float] = time.monotonic) -> ScanOutcome:
         """List the directory and build its devices; only `dirty` names (None: all) are stat()ed again.

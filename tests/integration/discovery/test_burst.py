@@ -1,9 +1,10 @@
-"""A burst of files ends in the exact list with a bounded number of publishes.
+"""A burst of files ends in the exact list, one publish per turn of discovery's loop at most.
 
 Real files, real inotify, a real queue server; discovery's loop is stepped by hand against a clock
-the test moves, so the count of publishes is exact: a writer makes 20 files per 1 ms turn, and each
-publish costs the plugin and the kubelet the whole list. A removal of more known names than
-discovery.RELIST_NAMES lists the directory once; fewer are looked at one by one.
+the test moves, so the count of publishes is exact: a writer makes 20 files per 1 ms turn. What
+came while a turn ran goes in the next turn's one publish; no change waits for a timer. A removal
+of more known names than discovery.RELIST_NAMES lists the directory once; fewer are looked at one
+by one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 import pytest
 
 from colad.config.config import Config
-from colad.discovery import scan
 from colad.discovery.main import RELIST_NAMES, Discovery
 from colad.queue.messages import DeviceSnapshot
 from tests.helpers import wait_until
@@ -59,33 +59,21 @@ def cfg(short_tmp: Path) -> Config:
     return discovery_config(short_tmp)
 
 
-def _bound(turns: int) -> int:
-    """Publishes a burst of `turns` turns may take: the first two at once, the holds doubling to their
-    maximum, then one per maximum hold, and the last one after the burst."""
-    longest = scan.hold_max(0)  # the sets of these bursts are all small
-    doublings = 0
-    while scan.HOLD_BASE_S * 2**doublings < longest:
-        doublings += 1
-    return 2 + doublings + int(turns * TURN_S / longest) + 1
-
-
-def _run(discovery: CountingDiscovery, clock: Clock, paths: list[Path], make: bool) -> None:
-    """The writer makes (or removes) `paths`, PER_TURN each turn; then the loop runs until nothing waits."""
-    for at in range(0, len(paths), PER_TURN):
-        for path in paths[at : at + PER_TURN]:
+def _run(discovery: CountingDiscovery, clock: Clock, paths: list[Path], make: bool, per_turn: int = PER_TURN) -> None:
+    """The writer makes (or removes) `paths`, `per_turn` each turn; every turn takes all that came."""
+    rw = next(iter(discovery.watches.values()))
+    for at in range(0, len(paths), per_turn):
+        for path in paths[at : at + per_turn]:
             if make:
                 path.write_bytes(b"")
             else:
                 path.unlink()
         discovery.step(0)
+        assert not rw.due, "a change was left for a later turn"
         clock.now += TURN_S
-    rw = next(iter(discovery.watches.values()))
-    while rw.pending or rw.pending_whole:
-        clock.now = max(clock.now + TURN_S, rw.hold_until)  # no more events: this ends the streak
-        discovery.step(0)
 
 
-@pytest.mark.parametrize("count", [RELIST_NAMES // 2, RELIST_NAMES * 3])  # both under hold_max()'s floor
+@pytest.mark.parametrize("count", [RELIST_NAMES // 2, RELIST_NAMES * 3])
 def test_a_burst_ends_in_the_exact_list_with_few_publishes(cfg: Config, serve: Serve, count: int) -> None:
     _, inbox = serve(cfg.queue_socket)
     clock = Clock()
@@ -100,7 +88,7 @@ def test_a_burst_ends_in_the_exact_list_with_few_publishes(cfg: Config, serve: S
         rw = next(iter(discovery.watches.values()))
         assert rw.current is not None and list(rw.current.ids) == names
         made = discovery.publishes - started
-        assert 2 <= made <= _bound(turns), f"{made} publishes for {count} files in {turns} turns"
+        assert 2 <= made <= turns, f"{made} publishes for {count} files in {turns} turns"
         assert discovery.listings == listed, "new names are read one by one, never by listing the directory"
 
         def shown(expected: list[str]) -> bool:
@@ -114,16 +102,47 @@ def test_a_burst_ends_in_the_exact_list_with_few_publishes(cfg: Config, serve: S
         _run(discovery, clock, paths, make=False)
         assert rw.current is not None and list(rw.current.ids) == []
         gone = discovery.publishes - started
-        assert 1 <= gone <= _bound(turns), f"{gone} publishes for removing {count} files"
-        # Over the threshold a flush of that many known names lists the directory instead.
+        assert 1 <= gone <= turns, f"{gone} publishes for removing {count} files"
+        assert discovery.listings == listed, "a turn's 20 removals are looked at one by one"
+        wait_until(lambda: shown([]), 20, "the plugin side to hold no file")
+    finally:
+        discovery.close()
+
+
+@pytest.mark.parametrize("count", [RELIST_NAMES // 2, RELIST_NAMES * 3])
+def test_what_came_during_a_turn_goes_in_one_publish(cfg: Config, serve: Serve, count: int) -> None:
+    """However many files came while the loop was busy, the next turn publishes them once."""
+    _, inbox = serve(cfg.queue_socket)
+    discovery = CountingDiscovery(cfg, clock=Clock())
+    try:
+        begin(discovery)
+        names = [f"burst-{i:05d}" for i in range(count)]
+        before = discovery.publishes
+        _run(discovery, Clock(), [Path(cfg.device_dir) / n for n in names], make=True, per_turn=count)
+        assert discovery.publishes == before + 1
+        rw = next(iter(discovery.watches.values()))
+        assert rw.current is not None and list(rw.current.ids) == names
+
+        def shown(expected: list[str]) -> bool:
+            discovery.client.flush()
+            last = inbox.latest(DeviceSnapshot)
+            return last is not None and list(last.devices.ids) == expected
+
+        wait_until(lambda: shown(names), 20, "the plugin side to hold every file")
+
+        before, listed = discovery.publishes, discovery.listings
+        _run(discovery, Clock(), [Path(cfg.device_dir) / n for n in names], make=False, per_turn=count)
+        assert discovery.publishes == before + 1 and rw.current is not None and list(rw.current.ids) == []
+        # Over the threshold a turn's removal of that many known names lists the directory instead.
         assert (discovery.listings > listed) == (count > RELIST_NAMES * 2)
         wait_until(lambda: shown([]), 20, "the plugin side to hold no file")
     finally:
         discovery.close()
 
 
-def test_a_lone_change_after_a_burst_waits_for_no_hold(cfg: Config, serve: Serve) -> None:
-    """The hold follows a stream of changes: once it has passed, the next change is published at once."""
+def test_changes_after_a_burst_go_at_once_one_after_another(cfg: Config, serve: Serve) -> None:
+    """No timer holds a change back: each change after a burst is published in the turn that reads
+    it, at the same instant of the clock as the publish before it."""
     serve(cfg.queue_socket)
     clock = Clock()
     discovery = CountingDiscovery(cfg, clock=clock)
@@ -132,17 +151,12 @@ def test_a_lone_change_after_a_burst_waits_for_no_hold(cfg: Config, serve: Serve
         paths = [Path(cfg.device_dir) / f"burst-{i:05d}" for i in range(400)]
         _run(discovery, clock, paths, make=True)
         rw = next(iter(discovery.watches.values()))
-        clock.now = rw.hold_until + 1.0  # a quiet second
-        before = discovery.publishes
-        (Path(cfg.device_dir) / "lone").write_bytes(b"")
-        discovery.step(0)
-        assert discovery.publishes == before + 1 and rw.current is not None and "lone" in rw.current.ids
-        assert rw.hold_until == clock.now  # the next change waits for nothing either
-        assert rw.window_until - clock.now == pytest.approx(scan.HOLD_BASE_S)  # but starts a streak
-        clock.now += scan.HOLD_BASE_S / 2
-        (Path(cfg.device_dir) / "second").write_bytes(b"")
-        discovery.step(0)
-        assert discovery.publishes == before + 2, "the second change of a streak waits for nothing"
-        assert rw.hold_until - clock.now == pytest.approx(2 * scan.HOLD_BASE_S), "the third one waits"
+        for n in range(6):
+            before = discovery.publishes
+            (Path(cfg.device_dir) / f"next-{n}").write_bytes(b"")
+            discovery.step(0)
+            assert discovery.publishes == before + 1, f"change {n + 1} after the burst waited"
+            assert rw.current is not None and f"next-{n}" in rw.current.ids
+            assert not rw.due, "a turn left a change waiting"
     finally:
         discovery.close()
