@@ -1,29 +1,22 @@
-"""Health and outputs for `colad discovery`: what the kubelet is told of each device.
+"""Health for `colad discovery`: what makes a device Unhealthy besides its file.
 
 Reads: each device's host paths (hostpaths.py, watched by inotify) and its probe verdicts
-(probes.py), through each resource's overlay (colad.discovery.scan.DeviceHealth). Writes: each
-resource's CDI spec (cdi.py) and the NFD feature file (nfd.py). `HealthOutputs` is the part of
-the Discovery loop (colad/discovery/main.py) that follows host paths and probes and writes the files.
+(probes.py), through each resource's overlay (colad.discovery.scan.DeviceHealth). `HealthFollower`
+keeps the host-path watches and the probes to run in step with the devices, and tells the Discovery
+loop (colad/discovery/main.py) which devices to read again; it writes no file.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import functools
 import os
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterable, Mapping
 
 import pyinotify
 
-from colad.config.config import Config
-from colad.core import namemap, trust
-from colad.core.device_rules import cdi_device_name_problem, split_cdi_name
-from colad.core.devices import Device
+from colad.core import trust
+from colad.core.device_rules import split_cdi_name
 from colad.discovery import hostpaths
 from colad.jobs.probes import PENDING, ProbeRunner
-from colad.outputs import cdi, nfd
 from colad.queue.client import StatsReporter
 from colad.runtime import log
 from colad.watchers import loop
@@ -41,49 +34,31 @@ LOG = log.get(__name__)
 HOST_PATH_EVENTS = loop.DIR_CHANGE_EVENTS | pyinotify.IN_ONLYDIR
 # Every further ancestor: only its own move or removal (which no event below it would tell).
 HOST_ANCESTOR_EVENTS = pyinotify.IN_DELETE_SELF | pyinotify.IN_MOVE_SELF | pyinotify.IN_ONLYDIR
-# A turn that read this many names (a start, a listing, a burst's follow-up) leaves glibc's heap high with
-# the set's transients: malloc_trim hands the free pages back (2 MiB at 10,000 devices; 0.5 ms).
-TRIM_AFTER_NAMES = 1000
-try:  # ctypes is loaded in this role already: pyinotify binds inotify with it
-    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
-except (OSError, AttributeError):  # no glibc (musl): nothing to trim with
-    _malloc_trim = None
 
 
-class HealthOutputs:
-    """The Discovery loop's health and output half: the host-path watches, the probes to run, the
-    CDI specs and the feature file. A mixin: the attributes are Discovery's (set in its __init__)."""
+class HealthFollower:
+    """The host-path watches (in their own inotify) and the probes to run, kept in step with the devices.
 
-    cfg: Config
-    stats: StatsReporter
-    clock: Callable[[], float]
-    watches: dict[str, ResourceWatch]
-    runner: ProbeRunner
-    leftovers_counted: int  # runner.leftovers already counted as input.command_leftovers
-    host_inotify: Inotify
-    host_wds: dict[str, tuple[int, int]]
-    host_recheck: bool
-    spec_writer: cdi.SpecWriter | None
-    features: nfd.FeatureFileWriter | None
-    nfd_expires: str
-    nfd_refresh: float
-    nfd_dirty: bool
-    failed_writes: dict[str, str]
-    specs_dirty: set[str]
-    trim_due: bool
+    The Discovery loop asks it each turn which devices an event or a verdict concerns
+    (host_path_rescans(), probe_rescans()), reads those again, and hands it each scan's health notes
+    (after_scan()).
+    """
 
-    def rescan(
-        self,
-        reason: str,
-        watches: Iterable[ResourceWatch] | None = None,
-        dirty: dict[str, set[str]] | None = None,
-        whole: Iterable[str] = ("*",),
-    ) -> None:
-        raise NotImplementedError  # Discovery.rescan
+    def __init__(self, runner: ProbeRunner, stats: StatsReporter) -> None:
+        self.runner = runner
+        self.stats = stats
+        self.leftovers_counted = 0  # runner.leftovers already counted as input.command_leftovers
+        # Host-path watches in their own inotify: a shared one would merge them with the device
+        # directories' watches (one wd per inode) and a removal would end both.
+        self.host_inotify = Inotify(stats.count)
+        self.host_wds: dict[str, tuple[int, int]] = {}  # directory -> (wd, mask)
+        self.host_recheck = False  # a watch was added: look at the host paths again
 
-    def _health_step(self) -> None:
-        """Host-path events re-check the devices that name host paths; probe verdicts that changed
-        re-check their devices; both only those devices (O(change)), never waiting."""
+    def host_path_rescans(self, watches: Mapping[str, ResourceWatch]) -> dict[str, set[str]] | None:
+        """The devices, per resource, that host-path events concern (O(change)): only those with a
+        path in a directory that had an event, or under one that moved or went; after an overflow or
+        a watch just added, every device that names a path. None when there was nothing to look at;
+        otherwise the loop reads them again, then calls sync()."""
         events = self.host_inotify.read()
         for event in events:
             if event.mask & loop.SELF_GONE:
@@ -98,43 +73,40 @@ class HealthOutputs:
                     if wd == event.wd or path.startswith(under):
                         del self.host_wds[path]
                         self.host_inotify.remove(wd)
-        if events or self.host_recheck:
-            # Only the devices with a path in a directory that had an event, or under one that
-            # moved or went; an overflow or a watch just added: every device that names a path.
-            every = self.host_recheck or any(e.overflow for e in events)
-            self.host_recheck = False
-            touched = {e.path for e in events}
-            gone = tuple(e.path.rstrip("/") + "/" for e in events if e.mask & loop.SELF_GONE)
+        if not events and not self.host_recheck:
+            return None
+        named: dict[str, set[str]] = {}
+        every = self.host_recheck or any(e.overflow for e in events)
+        self.host_recheck = False
+        touched = {e.path for e in events}
+        gone = tuple(e.path.rstrip("/") + "/" for e in events if e.mask & loop.SELF_GONE)
 
-            def concerned(dirs: frozenset[str]) -> bool:
-                return every or not dirs.isdisjoint(touched) or any(d.startswith(gone) for d in dirs)
+        def concerned(dirs: frozenset[str]) -> bool:
+            return every or not dirs.isdisjoint(touched) or any(d.startswith(gone) for d in dirs)
 
-            named = {}
-            for n, rw in self.watches.items():
-                ids = {i for i, dirs in rw.health.dirs.items() if concerned(dirs)}
-                if ids:
-                    named[n] = ids
-            if named:
-                self.rescan("hostpath", [self.watches[n] for n in named], named, ())
-            self._sync_host_watches()
+        for n, rw in watches.items():
+            ids = {i for i, dirs in rw.health.dirs.items() if concerned(dirs)}
+            if ids:
+                named[n] = ids
+        return named
+
+    def probe_rescans(self, watches: Mapping[str, ResourceWatch]) -> dict[str, set[str]]:
+        """The devices, per resource, whose probe verdict changed; counts what probes left behind."""
         changed = self.runner.poll()
         if self.runner.leftovers != self.leftovers_counted:  # a probe's fault: it left processes behind
             self.stats.count("input.command_leftovers", self.runner.leftovers - self.leftovers_counted)
             self.leftovers_counted = self.runner.leftovers
+        by_resource: dict[str, set[str]] = {}
         if changed:
-            by_resource: dict[str, set[str]] = {}
             for key in changed:
                 resource, device_id = split_cdi_name(key)  # key(): the kind is the resource name
-                if resource in self.watches:
+                if resource in watches:
                     by_resource.setdefault(resource, set()).add(device_id)
-            if by_resource:
-                self.rescan("probe", [self.watches[n] for n in by_resource], by_resource, ())
-        if self.features is not None and self.clock() >= self.nfd_refresh:
-            self._write_features()
+        return by_resource
 
-    def _after_scan(self, targets: Iterable[ResourceWatch]) -> None:
-        """Log and count the health reasons that changed, follow the host paths' directories and
-        the probes to run, write the feature file."""
+    def after_scan(self, targets: Iterable[ResourceWatch], watches: Mapping[str, ResourceWatch]) -> None:
+        """Log and count the health reasons of `targets` that changed; follow the host paths'
+        directories and the probes to run of all `watches`."""
         dirs = probes = False
         for rw in targets:
             health = rw.health
@@ -153,29 +125,12 @@ class HealthOutputs:
             dirs, probes = dirs or health.dirs_changed, probes or health.probes_changed
             health.dirs_changed = health.probes_changed = False
         if dirs:
-            self._sync_host_watches()
+            self.sync(watches)
         if probes:
-            wanted = {rw.health.key(i): p for rw in self.watches.values() for i, p in rw.health.probes.items()}
+            wanted = {rw.health.key(i): p for rw in watches.values() for i, p in rw.health.probes.items()}
             self.runner.set_probes(wanted)
 
-    def _write_outputs(self) -> None:
-        """The CDI specs and the feature file of what changed this turn, once per turn: each is
-        O(devices) to build (36 ms and 1.2 MB for 10,000), so a burst of changes costs one write.
-        Then, after a turn of TRIM_AFTER_NAMES names, the heap is trimmed."""
-        for name in sorted(self.specs_dirty):
-            if name in self.watches:
-                self._write_spec(self.watches[name])
-        self.specs_dirty.clear()
-        if self.nfd_dirty:
-            self._write_features()
-        self._trim_heap()
-
-    def _trim_heap(self) -> None:
-        if self.trim_due and _malloc_trim is not None:
-            _malloc_trim(0)
-        self.trim_due = False
-
-    def _sync_host_watches(self) -> None:
+    def sync(self, watches: Mapping[str, ResourceWatch]) -> None:
         """Watch exactly the directories the devices' host paths need (at most MAX_WATCH_DIRS).
 
         Each path's nearest existing parent gets the name events; its further ancestors only
@@ -187,7 +142,7 @@ class HealthOutputs:
         it are stale) would go with it.
         """
         parents: set[str] = set()
-        for rw in self.watches.values():
+        for rw in watches.values():
             parents.update(d for d, n in rw.health.dir_refs.items() if n > 0)
         masks: dict[str, int] = {}
         for path in parents:
@@ -216,80 +171,10 @@ class HealthOutputs:
                 # is left to the periodic rescan: looking again would find the same and spin).
                 self.host_recheck = True
 
-    def _write_spec(self, rw: ResourceWatch) -> None:
-        """The resource's CDI spec, one device per advertised ID (replicas included)."""
-        if self.spec_writer is None or rw.current is None:
-            return
-        name, writer = rw.resource.name, self.spec_writer
-        data = cdi.encode_spec(name, rw.current, rw.resource.replicas)  # cdi.build's bytes, from kept entries
-        self._write(f"cdi {name}", writer.path(name), lambda: writer.write_bytes(name, data))
+    def fds(self) -> list[int | None]:
+        return [self.host_inotify.fileno(), *self.runner.fds()]
 
-    def _spec_before_publish(
-        self, rw: ResourceWatch, came: list[Device], gone: list[Device], removed: Iterable[str]
-    ) -> None:
-        """A device that came, or whose spec entry changed, is in the spec before the kubelet hears of
-        it (an Allocate of it then finds its CDI name); a removal alone waits for the end of the turn,
-        a change of health or reason alone (no part of the spec) writes nothing."""
-        if self.spec_writer is None:
-            return
-        before = {d.device_id: d for d in gone}
-        self._note_unnamed(rw, [d.device_id for d in came if d.device_id not in before])
-        if any(d.device_id not in before or not cdi.same_entry(d, before[d.device_id]) for d in came):
-            self.specs_dirty.discard(rw.resource.name)
-            self._write_spec(rw)
-        elif removed:
-            self.specs_dirty.add(rw.resource.name)
-
-    def _note_unnamed(self, rw: ResourceWatch, added: list[str]) -> None:
-        """One line and one count for each new ID the spec cannot carry. Its CDI name is the ID itself
-        (namemap.cdi_device_name: never rewritten, so two IDs never share one); an ID that is no CDI name
-        gets none rather than a rewritten one, which could be another file's ID."""
-        if rw.resource.replicas > 1 or namemap.cdi_kind_problem(rw.resource.name) is not None:
-            return  # a replica ID "<id>::<n>" ends in a digit; a resource that is no CDI kind has no spec
-        for device_id in added:
-            if (problem := cdi_device_name_problem(device_id)) is not None:
-                LOG.warning(
-                    "device left out of the CDI spec: Allocate gives it the classic answer",
-                    resource=rw.resource.name,
-                    device=device_id,
-                    reason=problem,
-                )
-                self.stats.count("input.no_cdi_name")
-
-    def _remove_spec(self, name: str) -> None:
-        if self.spec_writer is not None:
-            self._write(f"cdi {name}", self.spec_writer.path(name), functools.partial(self.spec_writer.remove, name))
-
-    def _write_features(self) -> None:
-        """The NFD feature file; a new expiry-time every third of nfd_expiry."""
-        if self.features is None:
-            return
-        self.nfd_dirty = False
-        now = self.clock()
-        if now >= self.nfd_refresh:
-            expires = datetime.now(UTC) + timedelta(seconds=self.cfg.nfd_expiry)
-            self.nfd_expires = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
-            self.nfd_refresh = now + self.cfg.nfd_expiry / 3
-        # Counts.of(rw.current) without a pass over the set: a file name ID holds no ':', so no
-        # physical device folds into another, and rw.unhealthy is kept per change.
-        sets = [
-            (rw.resource.name, nfd.Counts(len(rw.current or ()), len(rw.current or ()) - rw.unhealthy))
-            for rw in self.watches.values()
-        ]
-        data = nfd.render_features(sets, self.cfg.nfd_label_prefix, self.nfd_expires)
-        features = self.features
-        self._write("nfd", features.path, lambda: features.write(data))
-
-    def _write(self, what: str, path: str, write: Callable[[], object]) -> None:
-        """One line (and one count) when writing `what` starts failing or fails differently, one when it works again."""
-        try:
-            write()
-        except OSError as exc:
-            error = f"{errno.errorcode.get(exc.errno or 0, str(exc.errno))}: {exc.strerror}"
-            if self.failed_writes.get(what) != error:
-                LOG.error("cannot write file; retried at the next change or rescan", file=what, path=path, error=error)
-                self.stats.count("write.cdi_failed" if what.startswith("cdi") else "write.nfd_failed")
-            self.failed_writes[what] = error
-            return
-        if self.failed_writes.pop(what, None) is not None:
-            LOG.info("file written again", file=what, path=path)
+    def close(self) -> None:
+        """Each probe killed with what it started; the host-path watches let go of."""
+        self.runner.close()
+        self.host_inotify.close()

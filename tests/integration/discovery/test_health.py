@@ -207,7 +207,7 @@ def test_probes_healthy_failing_hanging_flapping_and_no_delay(
         (verdicts / "flap").write_text("ok")
         wait_until(lambda: devices(inbox)["flap"].health == HEALTHY, 10, "flap Healthy")
     assert discovery.stats.counters.get("health.probe", 0) >= 5  # bad, hung, flap x3
-    assert discovery.runner.in_flight <= cfg.probe_max_in_flight
+    assert discovery.health.runner.in_flight <= cfg.probe_max_in_flight
 
 
 def test_the_cdi_spec_and_the_feature_file_follow_every_change(

@@ -49,11 +49,10 @@ def discovery(short_tmp: Path) -> Iterator[Discovery]:
     os.mkdir(short_tmp / "devices")
     os.mkdir(short_tmp / "run", 0o700)
     role = Discovery(make_config(short_tmp, resource_name=RESOURCE, cdi="off"))
-    role.host_inotify.close()
-    role.host_inotify = RacingInotify(role.stats.count)
+    role.health.host_inotify.close()
+    role.health.host_inotify = RacingInotify(role.stats.count)
     yield role
-    role.runner.close()
-    role.host_inotify.close()
+    role.health.close()
     role.close()
 
 
@@ -104,7 +103,7 @@ def test_a_directory_moved_and_made_again_while_its_watch_gets_a_new_mask(
     begin(discovery)
     settle(discovery, inbox, {"dev-b": HEALTHY, "dev-c": UNHEALTHY}, "the start")
     quiet(discovery)
-    inotify = discovery.host_inotify
+    inotify = discovery.health.host_inotify
     assert isinstance(inotify, RacingInotify)
 
     def move_and_remake() -> None:
@@ -134,7 +133,7 @@ def test_a_directory_gone_before_its_watch_is_added(short_tmp: Path, serve: Serv
     begin(discovery)
     settle(discovery, inbox, {"dev-0": UNHEALTHY}, "the start")
     quiet(discovery)
-    inotify = discovery.host_inotify
+    inotify = discovery.health.host_inotify
     assert isinstance(inotify, RacingInotify)
     inotify.at, inotify.race = str(host / "a" / "b"), (host / "a" / "b").rmdir
     os.rename(host / "a" / "b", short_tmp / "moved")
@@ -160,7 +159,7 @@ def test_a_path_under_a_regular_file_is_watched_in_the_directory_above(
     begin(discovery)
     settle(discovery, inbox, {"dev-0": UNHEALTHY}, "the start")
     quiet(discovery)
-    inotify = discovery.host_inotify
+    inotify = discovery.health.host_inotify
     assert isinstance(inotify, RacingInotify)
     assert str(host / "file") not in inotify.adds, inotify.adds
     adds = len(inotify.adds)

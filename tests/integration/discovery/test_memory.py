@@ -19,8 +19,8 @@ import pytest
 from colad.config.config import Config
 from colad.core import namemap
 from colad.core.constants import UNHEALTHY
-from colad.discovery import devicedir, health
-from colad.discovery.main import Discovery
+from colad.discovery import devicedir, main
+from colad.discovery.main import TRIM_AFTER_NAMES, Discovery
 from colad.outputs import cdi
 from tests.integration.support import discovery_config
 
@@ -40,7 +40,8 @@ def _settled(cfg: Config) -> Discovery:
     for rw in discovery.watches.values():
         rw.dir.ensure()
     discovery.rescan("start")
-    discovery._write_outputs()
+    discovery.outputs.write_turn(discovery.watches)
+    discovery._trim_heap()
     deadline = time.monotonic() + 60
     while any(rw.follow_up is not None for rw in discovery.watches.values()):
         assert time.monotonic() < deadline, "the racy entries never settled"
@@ -71,16 +72,15 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
         spec = Path(cfg.cdi_spec_dir, namemap.cdi_spec_file(rw.resource.name))
         assert spec.read_bytes() == cdi.encode_spec(rw.resource.name, rw.current)
     finally:
-        discovery.runner.close()
-        discovery.host_inotify.close()
+        discovery.health.close()
         discovery.close()
 
 
 def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(health, "_malloc_trim", calls.append)
+    monkeypatch.setattr(main, "_malloc_trim", calls.append)
     root = Path(cfg.device_dir)
-    for i in range(health.TRIM_AFTER_NAMES):
+    for i in range(TRIM_AFTER_NAMES):
         (root / f"dev{i:04d}").write_text('health = "Healthy"\n')  # with content: racy, read again
     discovery = Discovery(cfg)
     try:
@@ -102,8 +102,7 @@ def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: p
             discovery.step(0.2)
         assert calls == [0, 0]  # one file: no trim on the change's path
     finally:
-        discovery.runner.close()
-        discovery.host_inotify.close()
+        discovery.health.close()
         discovery.close()
 
 
@@ -126,6 +125,5 @@ def test_empty_files_are_never_racy_and_share_one_key(cfg: Config) -> None:
         discovery.rescan("inotify", [rw], {rw.resource.name: {"dev00"}}, ())
         assert rw.current.get("dev00").numa_nodes == ()  # type: ignore[union-attr]
     finally:
-        discovery.runner.close()
-        discovery.host_inotify.close()
+        discovery.health.close()
         discovery.close()
