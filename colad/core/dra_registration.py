@@ -7,7 +7,7 @@ strings and socket names are upstream's, each with the file it was read from. No
 
 from __future__ import annotations
 
-import os
+import posixpath
 from dataclasses import dataclass
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
@@ -32,12 +32,12 @@ PLUGIN_SOCKET_NAME: Final = "dra.sock"
 def registration_socket_path(registry_dir: str, driver: str) -> str:
     """<registry_dir>/<driver>-reg.sock: the name starts with the driver, never with '.' (the kubelet
     ignores dot files in the registry, pluginwatcher/plugin_watcher.go handleCreateEvent)."""
-    return os.path.join(registry_dir, driver + REGISTRATION_SOCKET_SUFFIX)
+    return posixpath.join(registry_dir, driver + REGISTRATION_SOCKET_SUFFIX)
 
 
 def plugin_socket_path(plugins_dir: str, driver: str) -> str:
     """<plugins_dir>/<driver>/dra.sock: the endpoint GetInfo names, absolute when plugins_dir is."""
-    return os.path.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)
+    return posixpath.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)
 
 
 @dataclass(frozen=True)
@@ -65,4 +65,5 @@ RETRY_MAX: Final = 60.0
 
 def retry_delay(refusals: int) -> float:
     """Seconds before the next registration after `refusals` refusals in a row (at least 1)."""
-    return min(RETRY_FIRST * 2 ** min(max(refusals, 1) - 1, 16), RETRY_MAX)
+    doublings = min(max(refusals, 1) - 1, 16)
+    return min(RETRY_FIRST * float(1 << doublings), RETRY_MAX)

@@ -154,7 +154,7 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     ),
     "nfd_expiry": (60, "120", 180.5, (60.0, 120.0, 180.5)),
     "trusted_owners": (["nobody", "1001"], "1002 root", ["0"], (("1001", "65534"), ("0", "1002"), ("0",))),
-    # DRA mode's keys (tests/unit/test_config_dra.py checks their values and defaults)
+    # DRA mode's keys (tests/unit/config/test_dra_keys.py checks their values and defaults)
     "mode": ("dra", "device-plugin", "dra", ("dra", "device-plugin", "dra")),
     "node_name": ("file-node", "env-node", "flag.node", ("file-node", "env-node", "flag.node")),
     "kubeconfig": ("/file/kc", "/env/kc", "/flag/kc", ("/file/kc", "/env/kc", "/flag/kc")),

@@ -423,7 +423,7 @@ JOINS_ELSEWHERE = {
     ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, endpoint_name(stamp))"): "a plugin socket: kubelet_dir",
     ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
     ("plugin/sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
-    ("core/dra_registration.py", "os.path.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)"): "Config.dra_plugin_socket",
+    ("core/dra_registration.py", "posixpath.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)"): "Config.dra_plugin_socket",
 }
 DIRECTORY_WORDS = ("run_dir", "kubelet_dir", "spec_dir", "constants.", "_NAME", "state/", "where")
 
@@ -443,7 +443,7 @@ def test_every_path_colad_writes_is_in_the_output_table() -> None:
         if path.name != "config.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
-        and ast.unparse(node.func) == "os.path.join"
+        and ast.unparse(node.func) in ("os.path.join", "posixpath.join")
         and any(word in ast.unparse(arg) for arg in node.args for word in DIRECTORY_WORDS)
     }
     assert joins == set(JOINS_ELSEWHERE), "a path joined outside Config: make it a Config property and an Output"
