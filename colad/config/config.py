@@ -462,7 +462,7 @@ def _dra_problems(cfg: Config, sources: Mapping[str, str], found_in: str, failed
     if cfg.mode != "dra":
         return []
     problems: list[str] = []
-    if "node_name" not in sources and (why := node_name_problem(cfg.node_name_default)):
+    if not cfg.node_name and (why := node_name_problem(cfg.node_name_default)):
         shown = show(cfg.node_name_default, SHOWN_CHARS)
         problems.append(f"node_name ({found_in}): {shown} {why}; set node_name")
     if driver_name_problem(cfg.dra_driver_name) is not None or {"dra_driver", "resource_name"} & failed:

@@ -24,6 +24,7 @@ import grpc
 from colad.api import pluginregistration_pb2 as regpb
 from colad.api import pluginregistration_pb2_grpc as regpb_grpc
 from colad.core.dra_registration import PluginInfo, retry_delay
+from colad.core.errors import ColadError
 from colad.deviceplugin import rpc
 from colad.metrics.registry import Metrics
 from colad.outputs.socketpath import claim_socket_path
@@ -141,10 +142,17 @@ class RegistrationService:
         self._refusals_in_a_row = 0
         self._server: grpc.Server | None = None
         self._identity: tuple[int, int] | None = None
+        self._wanted = False  # between start() and stop(): check() keeps a socket there
+        self.serve_problem = ""  # why the last attempt to serve again failed ("" = it did not)
         self._lock = threading.Lock()
 
     def start(self, reason: str = "start") -> None:
-        """Build and start the server; raises as build_registration_server does, leaving the service stopped."""
+        """Build and start the server; raises as build_registration_server does, leaving the service stopped
+        (the caller decides whether a first failure is worth an exit). From then on check() keeps it there."""
+        self._wanted = True
+        self._serve(reason)
+
+    def _serve(self, reason: str) -> None:
         server = build_registration_server(self.servicer, self.socket_path, self.metrics)
         try:
             server.start()
@@ -157,6 +165,10 @@ class RegistrationService:
 
     def stop(self, reason: str = "stop") -> None:
         """Stop serving; gRPC removes the socket, so the kubelet deregisters the driver."""
+        self._wanted = False
+        self._halt(reason)
+
+    def _halt(self, reason: str) -> None:
         with self._lock:
             server, self._server, self._identity, self.retry_at = self._server, None, None, None
             if server is None:
@@ -165,8 +177,16 @@ class RegistrationService:
         server.stop(STOP_GRACE).wait()
 
     def restart(self, reason: str) -> None:
-        self.stop(reason)
-        self.start(reason)
+        """Serve on a new socket; a failure is logged and tried again by the next check(), never raised."""
+        self._halt(reason)
+        try:
+            self._serve(reason)
+        except (ColadError, OSError, RuntimeError) as exc:  # a foreign file or live socket there, a full disk...
+            if str(exc) != self.serve_problem:
+                LOG.error("registration socket not served; trying again", socket=self.socket_path, error=str(exc))
+            self.serve_problem = str(exc)
+            return
+        self.serve_problem = ""
 
     def intact(self) -> bool:
         """Is our socket still at its path (not removed, not replaced)?"""
@@ -175,11 +195,14 @@ class RegistrationService:
 
     def check(self) -> None:
         """Make the socket anew if it was removed or replaced, or when a refusal's back-off is over."""
+        if not self._wanted:
+            return
         with self._lock:
-            if self._server is None:
-                return
+            serving = self._server is not None
             due = self.retry_at is not None and self.clock() >= self.retry_at
-        if not self.intact():
+        if not serving:
+            self.restart("not serving")
+        elif not self.intact():
             self.restart("socket removed")
         elif due:
             self.restart("registration refused")

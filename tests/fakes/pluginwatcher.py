@@ -48,6 +48,11 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.5, 120.0  # goroutinemap/exponentialbackoff
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
+def is_driver_name(name: str) -> bool:
+    """What the API server takes as a ResourceSlice's spec.driver (lower case, as resource/v1 asks)."""
+    return len(name) <= 63 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+
+
 def _go_list(values: Sequence[str]) -> str:
     """A []string as Go's %q prints it."""
     return "[" + " ".join(json.dumps(v) for v in values) + "]"
@@ -387,7 +392,7 @@ class FakePluginWatcher:
     def _check_contract(self, driver: str, endpoint: str, socket: str) -> None:
         """What the kubelet lets through but a working driver cannot be: recorded, not refused."""
         problems = []
-        if len(driver) > 63 or not _DNS1123_SUBDOMAIN.fullmatch(driver):
+        if not is_driver_name(driver):
             problems.append(f"{socket}: driver name {driver!r} is no ResourceSlice driver (a DNS subdomain of <= 63)")
         if not os.path.isabs(endpoint):
             problems.append(f"{socket}: endpoint {endpoint!r} is not absolute (the kubelet dials it from its own cwd)")

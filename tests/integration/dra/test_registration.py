@@ -183,3 +183,16 @@ def test_stop_removes_the_socket_and_the_kubelet_deregisters_the_driver(
         assert not os.path.lexists(node.socket) and service.phase is RegistrationPhase.STOPPED
         kubelet.wait_deregistered(DRIVER)
         assert kubelet.endpoints(DRIVER) == []
+
+
+def test_a_path_taken_meanwhile_is_named_and_served_again_once_free(node: Node, service: RegistrationService) -> None:
+    service.start()
+    os.unlink(node.socket)
+    Path(node.socket).write_text("someone else's")
+    service.check()  # never raises: logged, tried again by the next check
+    service.check()
+    assert service.phase is RegistrationPhase.STOPPED and "not a socket colad made" in service.serve_problem
+    assert Path(node.socket).read_text() == "someone else's"
+    os.unlink(node.socket)
+    service.check()
+    assert service.intact() and service.phase is RegistrationPhase.SERVING and service.serve_problem == ""

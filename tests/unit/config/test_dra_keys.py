@@ -108,6 +108,12 @@ def test_a_bad_value_is_refused_in_any_mode(tmp_path: Path, key: str, value: str
     [
         pytest.param("", {"NODE_NAME": "Worker_1"}, "node_name (environment NODE_NAME): 'Worker_1'", id="node-name"),
         pytest.param(
+            'node_name = ""\n',
+            {"NODE_NAME": "Worker_1"},
+            "(environment NODE_NAME): 'Worker_1'",
+            id="node-name-set-empty",
+        ),
+        pytest.param(
             'resource_name = "a.example/Big_GPU"\n', {}, "DRA driver name 'Big_GPU.a.example'", id="derived-driver"
         ),
         pytest.param(
