@@ -70,12 +70,15 @@ lint: setup
 	$(VENV)/bin/ruff format --check colad tests bench
 	$(VENV)/bin/mypy
 
-# Regenerate the committed stubs from colad/api/deviceplugin.proto and colad/api/podresources.proto.
+# Regenerate the committed stubs from colad/api/*.proto, one protoc run per file: the device plugin
+# v1beta1 and PodResources v1 copies, and the upstream kubelet protos of plugin registration v1,
+# DRA v1 and v1beta1, and DRA health v1 (docs/DEVELOPING.md, "gRPC stubs", names their source).
+API_PROTOS := deviceplugin podresources pluginregistration dra_v1 dra_v1beta1 dra_health_v1
 stubs: $(PROTOC_VENV)/.installed
-	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-		colad/api/deviceplugin.proto
-	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-		colad/api/podresources.proto
+	for proto in $(API_PROTOS); do \
+		$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+			colad/api/$$proto.proto || exit 1; \
+	done
 
 # The Debian package, built with dh + pybuild from a clean copy of this tree (packaging/build-deb.sh).
 # Prints the path of the .deb; the build log is dist/build-deb.log.

@@ -141,7 +141,7 @@ def child_main(phase: str, root: str, out: str, spy_out: str | None, nfd: bool) 
                     path.unlink()
                     done = receiver.wait(lambda d, n=name: n not in d.by_id)  # type: ignore[misc]
                 latencies.append((done - start) * 1e3)
-                time.sleep(0.02)  # one change, not a streak
+                time.sleep(0.02)  # one change at a time
             time.sleep(0.1)  # the last turn's writes
             figures["cpu_per_change_ms"] = (cpu_ns(proc.pid) - before) / 1e6 / CHANGES
             figures["latency_p50_ms"] = statistics.median(latencies)

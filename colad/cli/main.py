@@ -37,6 +37,7 @@ CONFIG_FLAGS = {
     "run_dir": "root-only directory for the queue and supervisord sockets (env COLAD_RUN_DIR)",
     "metrics_address": "host:port of the metrics endpoint (env COLAD_METRICS_ADDRESS)",
     "log_level": "DEBUG, INFO, WARNING or ERROR (env COLAD_LOG_LEVEL)",
+    "mode": "device-plugin (the default) or dra: the kubelet API the devices are served through (env COLAD_MODE)",
 }
 
 

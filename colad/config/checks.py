@@ -87,19 +87,24 @@ def _socket_length_problem(path: str, shown: str) -> str | None:
     return f"gives the socket path {shown} of {size} bytes, over the {limit} a Unix socket allows"
 
 
+# Directories of sockets that gRPC binds or dials; the others' sockets are colad's own or supervisord's.
+GRPC_SOCKET_DIRS = ("kubelet_dir", "plugins_registry_dir", "plugins_dir")
+
+
 def socket_dir_problem(key: str) -> Callable[[str], str | None]:
-    """A check of a directory in which colad binds or dials the sockets of _DIR_SOCKETS[key]."""
+    """A check of a directory in which colad binds or dials sockets: those of _DIR_SOCKETS[key] are checked
+    for length here; a DRA socket's name holds the driver name, so config.py checks those paths."""
 
     def check(value: str) -> str | None:
         if problem := absolute_path_problem(value):
             return problem
-        grpc = key == "kubelet_dir"
+        grpc = key in GRPC_SOCKET_DIRS
         if bad := "".join(sorted(set(value) & set(constants.GRPC_UNSAFE_PATH_CHARS if grpc else _SUPERVISORD_UNSAFE))):
             why = "gRPC reads unix:<path> as a URI" if grpc else "supervisord.conf cannot carry it"
             return f"must not contain {bad!r} ({why})"
         if key == "run_dir" and any(c.isspace() for c in value):
             return "must not contain blanks (supervisord.conf cannot carry them)"
-        for shown, name in _DIR_SOCKETS[key]:
+        for shown, name in _DIR_SOCKETS.get(key, ()):
             if problem := _socket_length_problem(os.path.join(value, name), os.path.join("<dir>", shown)):
                 return problem
         return None

@@ -40,10 +40,32 @@ from colad.config.checks import (
 from colad.config.source import convert, read_file
 from colad.core import constants, trust
 from colad.core.device_rules import show
+from colad.core.dra_registration import (
+    KUBELET_PLUGINS_DIR,
+    KUBELET_REGISTRY_DIR,
+    plugin_socket_path,
+    registration_socket_path,
+)
 from colad.core.errors import ConfigError
 from colad.core.list_size import max_devices_in_list
-from colad.core.namemap import cdi_kind, cdi_kind_problem, cdi_spec_file, nfd_label_base, nfd_label_keys
-from colad.core.names import CDI_MODES, DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME, resource_name_problem
+from colad.core.namemap import (
+    cdi_kind,
+    cdi_kind_problem,
+    cdi_spec_file,
+    dra_driver_name,
+    nfd_label_base,
+    nfd_label_keys,
+)
+from colad.core.names import (
+    CDI_MODES,
+    DEFAULT_MODE,
+    DEFAULT_REPLICA_POLICY,
+    DEFAULT_RESOURCE_NAME,
+    MODES,
+    driver_name_problem,
+    node_name_problem,
+    resource_name_problem,
+)
 from colad.runtime import dirpath, log
 from colad.runtime.files import MAX_NAME_BYTES, NAME_MAX_BYTES
 
@@ -157,12 +179,27 @@ class Config:
     # Users besides root whose device files and directories are trusted (trust.py): names or uids,
     # held as the uids they named when loaded.
     trusted_owners: tuple[str, ...] = ()
+    # The kubelet API the devices are served through: "device-plugin" (v1beta1) or "dra" (a DRA driver).
+    mode: str = DEFAULT_MODE
+    # This node's name in the API server ("" = node_name_default).
+    node_name: str = ""
+    # The kubeconfig file for the API server ("" = the in-cluster service account).
+    kubeconfig: str = ""
+    # The DRA driver name ("" = derived from the first resource's name: myway5.com/cola -> cola.myway5.com).
+    dra_driver: str = ""
+    # The kubelet's plugin watcher directory (the registration socket) and its plugins directory
+    # (the DRA service socket, in <plugins_dir>/<driver>/).
+    plugins_registry_dir: str = KUBELET_REGISTRY_DIR
+    plugins_dir: str = KUBELET_PLUGINS_DIR
     # Path of the file this config was read from ("" = none), for `colad supervise`.
     config_file: str = ""
     # The file's [[resources]] tables; empty = the one resource of the top-level keys.
     resource_tables: tuple[Resource, ...] = ()
     # Keys set by the environment or a flag: they win over the file, also on reload.
     pinned: tuple[str, ...] = field(default=(), compare=False)
+    # What load() found for an unset node_name: NODE_NAME, else the host name. Never exported: a child
+    # finds it again in the environment it inherits.
+    node_name_default: str = field(default="", compare=False)
 
     @property
     def resources(self) -> tuple[Resource, ...]:
@@ -191,6 +228,24 @@ class Config:
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.kubelet_dir, constants.KUBELET_SOCKET_NAME)
+
+    @property
+    def resolved_node_name(self) -> str:
+        """This node's name: node_name, else what load() found."""
+        return self.node_name or self.node_name_default
+
+    @property
+    def dra_driver_name(self) -> str:
+        """The DRA driver's name: dra_driver, else the one the first resource's name gives."""
+        return self.dra_driver or dra_driver_name(self.resources[0].name)
+
+    @property
+    def dra_registration_socket(self) -> str:
+        return registration_socket_path(self.plugins_registry_dir, self.dra_driver_name)
+
+    @property
+    def dra_plugin_socket(self) -> str:
+        return plugin_socket_path(self.plugins_dir, self.dra_driver_name)
 
     @property
     def queue_socket(self) -> str:
@@ -240,6 +295,8 @@ class Config:
 
 
 ENV_PREFIX = "COLAD_"
+# Config fields no file, variable or flag sets: load() fills them in.
+UNSETTABLE = ("config_file", "resource_tables", "pinned", "node_name_default")
 
 
 def _export(value: object) -> str:
@@ -248,7 +305,7 @@ def _export(value: object) -> str:
 
 
 def _settable_fields() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
+    return [f for f in dataclasses.fields(Config) if f.name not in UNSETTABLE]
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -288,6 +345,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "nfd_label_prefix": label_prefix_problem,
     "nfd_expiry": expiry_problem,
     "trusted_owners": owners_problem,
+    "mode": lambda v: None if v in MODES else "must be one of " + ", ".join(MODES),
+    "node_name": lambda v: None if v == "" else node_name_problem(v),
+    "kubeconfig": lambda v: None if v == "" else absolute_path_problem(v),
+    "dra_driver": lambda v: None if v == "" else driver_name_problem(v),
+    "plugins_registry_dir": socket_dir_problem("plugins_registry_dir"),
+    "plugins_dir": socket_dir_problem("plugins_dir"),
 }
 
 
@@ -359,10 +422,18 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         final["log_level"] = str(final["log_level"]).upper()
     if "trusted_owners" in final:  # resolved once: a user deleted later changes nothing
         final["trusted_owners"] = owner_uids(final["trusted_owners"])  # type: ignore[arg-type]
-    pinned = tuple(sorted(n for n, src in sources.items() if not src.startswith("file ")))
-    cfg = Config(config_file=path, resource_tables=tables, pinned=pinned, **final)  # type: ignore[arg-type]
+    found, found_in = _default_node_name(env)
+    pinned = tuple(sorted(n for n in values if not sources[n].startswith("file ")))
+    cfg = Config(
+        config_file=path,
+        resource_tables=tables,
+        pinned=pinned,
+        node_name_default=found,
+        **final,  # type: ignore[arg-type]
+    )
     problems.extend(_directory_problems(cfg, labels, sources, source, failed))
     problems.extend(_resource_name_problems(cfg, sources, failed))
+    problems.extend(_dra_problems(cfg, sources, found_in, failed))
     problems.extend(f"names: {clash}" for clash in collisions(cfg, failed))
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
@@ -374,6 +445,32 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
 
 
 _RESOURCE_KEYS = ("name", "device_dir", "replicas", "replica_policy") + SINGLE_RESOURCE_KEYS[4:]
+
+
+def _default_node_name(env: Mapping[str, str]) -> tuple[str, str]:
+    """node_name when unset, and where it came from: NODE_NAME (a DaemonSet sets it from spec.nodeName),
+    else the host name as the kubelet names its node (lower case, no blanks: k8s.io/component-helpers
+    node/util GetHostname)."""
+    if env.get("NODE_NAME"):
+        return env["NODE_NAME"], "environment NODE_NAME"
+    return os.uname().nodename.strip().lower(), "the host name"
+
+
+def _dra_problems(cfg: Config, sources: Mapping[str, str], found_in: str, failed: set[str]) -> list[str]:
+    """What only DRA mode uses, checked in DRA mode only: a default node name, and the socket paths the
+    driver name gives (its own rule is a MAPPINGS entry). A device plugin never reads them."""
+    if cfg.mode != "dra":
+        return []
+    problems: list[str] = []
+    if not cfg.node_name and (why := node_name_problem(cfg.node_name_default)):
+        shown = show(cfg.node_name_default, SHOWN_CHARS)
+        problems.append(f"node_name ({found_in}): {shown} {why}; set node_name")
+    if driver_name_problem(cfg.dra_driver_name) is not None or {"dra_driver", "resource_name"} & failed:
+        return problems
+    for key, path in (("plugins_registry_dir", cfg.dra_registration_socket), ("plugins_dir", cfg.dra_plugin_socket)):
+        if key not in failed and (why := socket_file_problem(path)):
+            problems.append(f"{key} ({sources.get(key, 'default')}): the socket {show_path(path)} {why}")
+    return problems
 
 
 def _table_value(key: str, value: object) -> tuple[object, str | None]:
@@ -508,6 +605,11 @@ def _cdi_on(cfg: Config) -> bool:
     return cfg.cdi != "off" and bool(cfg.cdi_spec_dir)
 
 
+def _dra_on(cfg: Config) -> bool:
+    """DRA mode with a driver name its socket paths can be made of."""
+    return cfg.mode == "dra" and driver_name_problem(cfg.dra_driver_name) is None
+
+
 MAPPINGS: tuple[NameMapping, ...] = (
     NameMapping(
         "CDI kind",
@@ -525,6 +627,15 @@ MAPPINGS: tuple[NameMapping, ...] = (
         _cdi_on,
         ("cdi", "cdi_spec_dir"),
         _spec_name_problem,
+    ),
+    NameMapping(
+        "DRA driver name",
+        "dra driver",
+        (dra_driver_name,),
+        lambda cfg, name: (dra_driver_name(name),) if name == cfg.resources[0].name else (),
+        lambda cfg: cfg.mode == "dra" and not cfg.dra_driver,
+        ("mode", "dra_driver"),
+        lambda value: f"{why}; set dra_driver" if (why := driver_name_problem(value)) else None,
     ),
     NameMapping(
         "NFD label",
@@ -571,6 +682,25 @@ OUTPUTS: tuple[Output, ...] = (
     Output("run_dir (the plugin socket record)", lambda cfg: cfg.socket_record_file, ("run_dir",)),
     Output("kubelet_dir (the plugin sockets)", lambda cfg: cfg.kubelet_dir, ("kubelet_dir",), directory=True),
     Output("cdi_spec_dir", lambda cfg: cfg.cdi_spec_dir, ("cdi", "cdi_spec_dir"), True, _cdi_on),
+    Output(
+        "plugins_registry_dir (the DRA registration socket)",
+        lambda cfg: cfg.dra_registration_socket,
+        ("mode", "plugins_registry_dir", "dra_driver", "resource_name"),
+        applies=_dra_on,
+    ),
+    Output(
+        "plugins_dir (the DRA plugin socket)",
+        lambda cfg: cfg.dra_plugin_socket,
+        ("mode", "plugins_dir", "dra_driver", "resource_name"),
+        applies=_dra_on,
+    ),
+    Output(
+        "plugins_dir (the DRA driver's directory)",
+        lambda cfg: os.path.dirname(cfg.dra_plugin_socket),
+        ("mode", "plugins_dir", "dra_driver", "resource_name"),
+        directory=True,
+        applies=_dra_on,
+    ),
 )
 
 

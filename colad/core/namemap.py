@@ -1,8 +1,8 @@
 """Every name colad derives from a resource name or a device ID, each by one function.
 
-A resource name becomes a CDI kind, a CDI spec file and NFD label keys; a device ID a CDI device
-name and a container variable. Some of these replace characters ('/' -> '-') or drop a part (the
-domain under an NFD label prefix), so two names can meet: config.collisions (config.load, every
+A resource name becomes a CDI kind, a CDI spec file, NFD label keys and the default DRA driver name;
+a device ID a CDI device name and a container variable. Some of these replace characters ('/' -> '-')
+or drop a part (the domain under an NFD label prefix), so two names can meet: config.collisions (config.load, every
 role and every reload) walks config.MAPPINGS, which applies these functions, and refuses such a
 configuration. Pure: no I/O, no logging.
 """
@@ -91,6 +91,14 @@ def nfd_label_keys(resource_name: str, prefix: str = "") -> tuple[str, ...]:
     base = nfd_label_base(resource_name, prefix)
     full = base if prefix else f"{NFD_DEFAULT_PREFIX}/{base}"
     return tuple(f"{full}.{suffix}" for suffix in NFD_LABEL_SUFFIXES)
+
+
+def dra_driver_name(resource_name: str) -> str:
+    """The DRA driver name a resource name gives when `dra_driver` is unset: myway5.com/cola -> cola.myway5.com
+    (the name under its domain, as upstream drivers are named). Not one-to-one (a.b/c and b/c.a meet), but
+    a daemon derives one driver only, from its first resource."""
+    domain, _, name = resource_name.partition("/")
+    return f"{name}.{domain}"
 
 
 # The names derived from a device ID (each one-to-one over the IDs devices.id_problem accepts and their

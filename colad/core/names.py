@@ -1,8 +1,8 @@
 """The Kubernetes name rules colad applies, and the default resource name, each written once.
 
 The kubelet refuses a Register whose resource name is not an extended-resource name, and
-the API server an annotation key that is not a qualified name: config.py, messages.py and
-kubelet_sim.py check the first, devices.py the second. Device and replica IDs are
+the API server an annotation key that is not a qualified name, a driver or a node name out of
+its rules: config.py, messages.py and kubelet_sim.py check the first, devices.py the second. Device and replica IDs are
 devices.py's; allocation.py applies the replica policy and CDI mode names defined here. Pure: no I/O.
 """
 
@@ -23,11 +23,17 @@ DEFAULT_REPLICA_POLICY: Final = REPLICA_POLICIES[0]
 # Allocate's CDI answer (the config key `cdi`): "both" = the classic answer plus a CDI name per
 # device, "only" = CDI names in place of what the spec carries, "off" = no CDI names of colad's.
 CDI_MODES: Final = ("both", "only", "off")
+# The config's `mode`: the kubelet API colad serves its devices through (device plugin v1beta1, or DRA).
+MODES: Final = ("device-plugin", "dra")
+DEFAULT_MODE: Final = MODES[0]
 
 # k8s.io/apimachinery pkg/util/validation/validation.go: IsDNS1123Subdomain (DNS1123SubdomainMaxLength)
 # and the name part of IsQualifiedName (qualifiedNameMaxLength).
 DNS1123_SUBDOMAIN_MAX_LENGTH: Final = 253
 QUALIFIED_NAME_MAX_LENGTH: Final = 63
+# k8s.io/kubernetes pkg/apis/storage/validation ValidateCSIDriverName, which ResourceSlice spec.driver is
+# validated with (pkg/apis/resource/validation validateDriverName); k8s.io/api resource/v1 DriverNameMaxLength.
+DRIVER_NAME_MAX_LENGTH: Final = 63
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
 # IsDNS1123Label (DNS1123LabelMaxLength): what a DRA device name must be (resource validation.go).
 DNS1123_LABEL_MAX_LENGTH: Final = 63
@@ -68,3 +74,21 @@ def resource_name_problem(name: str) -> str | None:
     if not is_qualified_name(short):
         return "name must be at most 63 characters of [A-Za-z0-9._-], starting and ending alphanumeric"
     return None
+
+
+def driver_name_problem(name: str) -> str | None:
+    """Why the API server would refuse `name` as a ResourceSlice's driver, or None.
+
+    Upstream lower-cases before its DNS check; resource/v1 types.go asks for lower case, and colad
+    keeps to it: the name is also a directory and a socket name on the node.
+    """
+    if len(name) > DRIVER_NAME_MAX_LENGTH:
+        return f"must be at most {DRIVER_NAME_MAX_LENGTH} characters"
+    if not is_dns1123_subdomain(name):
+        return "must be a lowercase DNS subdomain, e.g. cola.example.com"
+    return None
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a Node's name (pkg/apis/core/validation ValidateNodeName: a DNS subdomain), or None."""
+    return None if is_dns1123_subdomain(name) else "must be a lowercase DNS subdomain (a Kubernetes node name)"

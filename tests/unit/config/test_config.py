@@ -22,7 +22,7 @@ from colad.core.names import resource_name_problem
 
 pytestmark = pytest.mark.unit
 
-SETTABLE = [f.name for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
+SETTABLE = [f.name for f in dataclasses.fields(Config) if f.name not in config.UNSETTABLE]
 
 
 @pytest.fixture
@@ -154,6 +154,13 @@ PRECEDENCE: dict[str, tuple[object, str, object, tuple[object, object, object]]]
     ),
     "nfd_expiry": (60, "120", 180.5, (60.0, 120.0, 180.5)),
     "trusted_owners": (["nobody", "1001"], "1002 root", ["0"], (("1001", "65534"), ("0", "1002"), ("0",))),
+    # DRA mode's keys (tests/unit/config/test_dra_keys.py checks their values and defaults)
+    "mode": ("dra", "device-plugin", "dra", ("dra", "device-plugin", "dra")),
+    "node_name": ("file-node", "env-node", "flag.node", ("file-node", "env-node", "flag.node")),
+    "kubeconfig": ("/file/kc", "/env/kc", "/flag/kc", ("/file/kc", "/env/kc", "/flag/kc")),
+    "dra_driver": ("file.example", "env.example", "flag.example", ("file.example", "env.example", "flag.example")),
+    "plugins_registry_dir": ("/file/reg", "/env/reg", "/flag/reg", ("/file/reg", "/env/reg", "/flag/reg")),
+    "plugins_dir": ("/file/pl", "/env/pl", "/flag/pl", ("/file/pl", "/env/pl", "/flag/pl")),
 }
 
 

@@ -22,7 +22,7 @@ import pytest
 from supervisor.options import UnhosedConfigParser
 
 from colad.config import config
-from colad.config.config import Config, load
+from colad.config.config import UNSETTABLE, Config, load
 from colad.config.source import MAX_CONFIG_FILE_BYTES
 from colad.core import constants
 from colad.core.errors import ConfigError
@@ -34,7 +34,7 @@ from colad.supervise import main
 pytestmark = pytest.mark.unit
 
 TEMPLATE = (Path(__file__).resolve().parents[3] / "conf" / "supervisord.conf").read_text()
-KEYS = [f.name for f in dataclasses.fields(Config) if f.name not in ("config_file", "resource_tables", "pinned")]
+KEYS = [f.name for f in dataclasses.fields(Config) if f.name not in UNSETTABLE]
 PATH_KEYS = ("device_dir", "kubelet_dir", "run_dir", "supervisord_template", "pod_resources_socket")
 
 
@@ -664,6 +664,12 @@ USABLE: dict[str, list[object]] = {
     "nfd_label_prefix": ["", "colad.example"],
     "nfd_expiry": [60, 3600.0],
     "trusted_owners": [[], ["root"], ["nobody", "4294967294"]],
+    "mode": ["device-plugin", "dra"],
+    "node_name": ["", "node-1", "n." + "a" * 60],
+    "kubeconfig": ["", "/etc/kubernetes/kubelet.conf"],
+    "dra_driver": ["", "cola.example.com", "d" * 63],
+    "plugins_registry_dir": ["/var/lib/kubelet/plugins_registry", "/" + "r" * 33],
+    "plugins_dir": ["/var/lib/kubelet/plugins", "/" + "p" * 33],
 }
 
 

@@ -54,6 +54,7 @@ def refusal(root: Path, names: list[str], head: str = "") -> str | None:
 
 
 NFD = 'nfd_features_file = "{root}/features"\n'
+DRA = 'mode = "dra"\nnode_name = "node-1"\n'
 NFD_PREFIX = NFD + 'nfd_label_prefix = "example.com"\n'
 # (names, config head, the thing they meet on, the value shown)
 CLASHES = [
@@ -80,6 +81,10 @@ CLASHES = [
     ),
     pytest.param([LONG_DOMAIN + "/x"], "", "CDI spec file", "over the 242", id="spec-file-name-too-long"),
     pytest.param(["a.com/gpu", "a.com/GPU"], "", "CDI spec file", "colad-a.com-GPU.json", id="spec-file-case-folds"),
+    pytest.param(["a.com/X_y"], DRA, "DRA driver name", "'X_y.a.com' must be a lowercase DNS", id="dra-driver-not-dns"),
+    pytest.param(
+        [LONG_DOMAIN + "/x"], 'cdi = "off"\n' + DRA, "DRA driver name", "at most 63", id="dra-driver-too-long"
+    ),
 ]
 
 
@@ -112,6 +117,8 @@ def test_the_longest_spec_file_name_allowed_is_written(tmp_path: Path) -> None:
         pytest.param(["a.com/x", "a.com/X"], 'cdi = "off"\n' + NFD, id="case-differs-in-labels"),
         pytest.param(["a.com/x.y", "a.com-x/y"], "", id="a-class-with-a-dot-has-no-spec"),
         pytest.param([LONG_DOMAIN + "/x"], 'cdi = "off"\n', id="long-name-without-spec"),
+        pytest.param(["a.com/X_y"], "", id="no-driver-name-in-device-plugin-mode"),
+        pytest.param(["a.com/X_y"], DRA + 'dra_driver = "y.a.com"\n', id="a-set-driver-name-in-dra-mode"),
     ],
 )
 def test_names_that_meet_on_nothing_in_use_load(tmp_path: Path, names: list[str], head: str) -> None:
@@ -306,8 +313,16 @@ RUN_FILES = [o for o in OUTPUTS if o.keys == ("run_dir",) and not o.directory]
 OWN_DIRS = [o for o in OUTPUTS if o.directory]
 
 
+DRA_DIRS = DRA + 'plugins_registry_dir = "{root}/reg"\nplugins_dir = "{root}/plugins"\n'
+
+
 def own_path(root: Path, output: Output) -> str:
-    return output.path(Config(run_dir=f"{root}/run", kubelet_dir=f"{root}/k", cdi_spec_dir=f"{root}/cdi"))
+    dra = {"mode": "dra", "plugins_registry_dir": f"{root}/reg", "plugins_dir": f"{root}/plugins"}
+    return output.path(
+        Config(
+            run_dir=f"{root}/run", kubelet_dir=f"{root}/k", cdi_spec_dir=f"{root}/cdi", resource_name="a.com/x", **dra
+        )
+    )
 
 
 @pytest.mark.parametrize("output", RUN_FILES + OWN_DIRS, ids=lambda o: o.who)
@@ -315,7 +330,8 @@ def test_the_nfd_file_on_any_path_colad_writes_is_refused_naming_both_keys_and_t
     tmp_path: Path, output: Output
 ) -> None:
     path = own_path(tmp_path, output)
-    line = refusal(tmp_path, ["a.com/x"], f'nfd_features_file = "{path}"\n')
+    head = DRA_DIRS if "mode" in output.keys else ""
+    line = refusal(tmp_path, ["a.com/x"], head + f'nfd_features_file = "{path}"\n')
     assert line is not None and "\n" not in line
     if output.who == "run_dir":
         return  # a directory: refused by the path check before names (the file cannot be written)
@@ -412,6 +428,7 @@ JOINS_ELSEWHERE = {
     ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, endpoint_name(stamp))"): "a plugin socket: kubelet_dir",
     ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
     ("plugin/sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
+    ("core/dra_registration.py", "posixpath.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)"): "Config.dra_plugin_socket",
 }
 DIRECTORY_WORDS = ("run_dir", "kubelet_dir", "spec_dir", "constants.", "_NAME", "state/", "where")
 
@@ -431,7 +448,7 @@ def test_every_path_colad_writes_is_in_the_output_table() -> None:
         if path.name != "config.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
-        and ast.unparse(node.func) == "os.path.join"
+        and ast.unparse(node.func) in ("os.path.join", "posixpath.join")
         and any(word in ast.unparse(arg) for arg in node.args for word in DIRECTORY_WORDS)
     }
     assert joins == set(JOINS_ELSEWHERE), "a path joined outside Config: make it a Config property and an Output"

@@ -13,7 +13,9 @@ import pytest
 
 from colad.config import config
 from colad.core import names
+from colad.core.namemap import dra_driver_name
 from tests.fakes.kubelet import is_extended_resource_name
+from tests.fakes.pluginwatcher import is_driver_name
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +72,35 @@ def test_fuzzed_names_get_the_kubelets_verdict() -> None:
 def test_config_uses_the_one_rule() -> None:
     assert config.resource_name_problem is names.resource_name_problem
     assert config.Config().resource_name == names.DEFAULT_RESOURCE_NAME
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("cola.myway5.com", id="derived-default"),
+        pytest.param("d" * 63, id="63"),
+        pytest.param("d" * 64, id="64"),
+        pytest.param("Cola.example.com", id="upper-case"),
+        pytest.param("cola_x.example.com", id="underscore"),
+        pytest.param("-cola.example.com", id="leading-dash"),
+        pytest.param("cola..example.com", id="empty-label"),
+        pytest.param("myway5.com/cola", id="a-resource-name"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_the_driver_name_rule_agrees_with_the_fake_kubelets(name: str) -> None:
+    assert (names.driver_name_problem(name) is None) is is_driver_name(name)
+
+
+def test_every_driver_name_derived_from_a_fuzzed_resource_name_gets_the_fake_kubelets_verdict() -> None:
+    rng = random.Random(29)
+    verdicts = {True: 0, False: 0}
+    for _ in range(20_000):
+        name = _fuzzed(rng)
+        if names.resource_name_problem(name) is not None:
+            continue
+        driver = dra_driver_name(name)
+        accepted = is_driver_name(driver)
+        assert (names.driver_name_problem(driver) is None) is accepted, driver
+        verdicts[accepted] += 1
+    assert min(verdicts.values()) > 100  # both sides of the rule were reached

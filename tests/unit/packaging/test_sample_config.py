@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from colad.config.config import Config, load
+from colad.config.config import UNSETTABLE, Config, load
 
 pytestmark = pytest.mark.unit
 SAMPLE = Path(__file__).resolve().parents[3] / "conf" / "colad.toml"
@@ -20,7 +20,7 @@ def test_sample_lists_every_key_with_its_default() -> None:
     assert not [line for line in text.splitlines() if re.match(r"^[a-z_]+\s*=", line)], "every key stays commented"
     uncommented = "\n".join(m.group(1) for m in re.finditer(r"^#([a-z_]+\s*=.*)$", text, flags=re.M))
     values = tomllib.loads(uncommented)
-    keys = {f.name for f in dataclasses.fields(Config)} - {"config_file", "resource_tables", "pinned"}
+    keys = {f.name for f in dataclasses.fields(Config)} - set(UNSETTABLE)
     assert set(values) == keys
     defaults = Config()
     for key, value in values.items():
