@@ -3,7 +3,7 @@
 Defaults (node_name's from NODE_NAME, else the host name; dra_driver's from the first resource name),
 bad values refused at load in one line naming the key, and what only DRA mode uses checked in DRA mode
 only, so a device plugin never fails on it. Precedence (file < environment < flag) is
-tests/unit/test_config.py's table, which covers every key.
+tests/unit/config/test_config.py's table, which covers every key.
 """
 
 from __future__ import annotations
