@@ -26,10 +26,9 @@ from colad.config.config import Config
 from colad.core import constants
 from colad.core.errors import InstanceError, RequestError
 from colad.core.names import resource_name_problem
-from colad.deviceplugin import rpc
 from colad.metrics.registry import Metrics
 from colad.outputs.socketpath import claim_socket_path
-from colad.runtime import log
+from colad.runtime import log, rpc
 
 LOG = log.get(__name__)
 

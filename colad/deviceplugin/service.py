@@ -25,12 +25,11 @@ from colad.core import allocation, constants, trust
 from colad.core.devices import DeviceSet, request_id_problem
 from colad.core.errors import AllocationError, RequestError
 from colad.core.names import DEFAULT_REPLICA_POLICY, DEFAULT_RESOURCE_NAME
-from colad.deviceplugin import rpc
 from colad.deviceplugin.broadcast import DeviceBroadcast
 from colad.deviceplugin.device_list import encoded_list
 from colad.metrics.registry import Metrics
 from colad.outputs import cdi
-from colad.runtime import log, pathtrust
+from colad.runtime import log, pathtrust, rpc
 
 LOG = log.get(__name__)
 

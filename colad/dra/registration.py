@@ -4,7 +4,7 @@ The kubelet finds <plugins_registry_dir>/<driver>-reg.sock, calls GetInfo (answe
 colad/core/dra_registration.py) and then NotifyRegistrationStatus. A refusal is logged and counted, and
 the socket is made anew after a back-off so that the kubelet tries again; a socket removed or replaced
 is made anew at once. A server is built (bound) separately from started, and never on a path where
-something answers. Neighbours: colad/deviceplugin/rpc.py (the RPC boundary), colad/outputs/socketpath.py
+something answers. Neighbours: colad/runtime/rpc.py (the RPC boundary), colad/outputs/socketpath.py
 (the stale-socket rule); the process hosting this calls `check()` from its loop.
 """
 
@@ -25,10 +25,9 @@ from colad.api import pluginregistration_pb2 as regpb
 from colad.api import pluginregistration_pb2_grpc as regpb_grpc
 from colad.core.dra_registration import PluginInfo, retry_delay
 from colad.core.errors import ColadError
-from colad.deviceplugin import rpc
 from colad.metrics.registry import Metrics
 from colad.outputs.socketpath import claim_socket_path
-from colad.runtime import log
+from colad.runtime import log, rpc
 
 LOG = log.get(__name__)
 

@@ -23,10 +23,9 @@ from colad.core import inuse
 from colad.core.devices import request_id_problem
 from colad.core.errors import CallError
 from colad.core.names import is_dns1123_subdomain
-from colad.deviceplugin import rpc
 from colad.metrics.registry import Metrics
 from colad.outputs import statefile
-from colad.runtime import log
+from colad.runtime import log, rpc
 
 LOG = log.get(__name__)
 

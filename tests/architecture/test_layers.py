@@ -20,7 +20,7 @@ COLAD = Path(__file__).resolve().parents[2] / "colad"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("api",),  # generated gRPC stubs
     ("core",),  # pure: the device model and its rules
-    ("runtime",),  # a process's own I/O: logging, atomic files, paths, the kubelet directory
+    ("runtime",),  # a process's own I/O: logging, atomic files, paths, the kubelet directory, the gRPC boundary
     ("outputs",),  # files colad writes for others: CDI specs, NFD features, the state file, socket records
     ("config",),  # the typed configuration, loaded once
     ("queue",),  # the local queue's protocol, client and server
@@ -29,8 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jobs",),  # external commands: probes and prepare commands, and their processes
     ("metrics",),  # the metrics registry, its collectors and the HTTP endpoint
     ("health",),  # the health rule and supervisord's view of the roles
-    ("deviceplugin",),  # the device plugin v1beta1 API: servicer, ListAndWatch, RPC boundary
-    ("dra",),  # the DRA kubelet API: registration with the plugin watcher (through deviceplugin's RPC boundary)
+    ("deviceplugin", "dra"),  # the kubelet APIs over the one device model: device plugin v1beta1, DRA
     ("discovery", "plugin", "kubelet_watch", "supervise"),  # one package per process
     ("cli",),  # the `colad` command and the operator tools
 )

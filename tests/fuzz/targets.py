@@ -21,13 +21,13 @@ from colad.api import podresources_pb2 as prpb
 from colad.core import allocation, inuse
 from colad.core.devices import Device, DeviceSet
 from colad.core.errors import AllocationError, MessageError
-from colad.deviceplugin import rpc
 from colad.deviceplugin.broadcast import DeviceBroadcast
 from colad.deviceplugin.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents
 from colad.discovery import devicefile
 from colad.metrics.registry import Metrics
 from colad.plugin import podresources
 from colad.queue import device_wire, messages, snapshots
+from colad.runtime import rpc
 from tests.fuzz import wire
 
 DEVICES = DeviceSet.of([Device("cocacola"), Device("peisicola"), Device("fanta", "Unhealthy")])

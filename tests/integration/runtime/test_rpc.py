@@ -22,12 +22,12 @@ from colad.api import podresources_pb2 as prpb
 from colad.config.config import Config
 from colad.core.constants import UNHEALTHY
 from colad.core.devices import Device, DeviceSet
-from colad.deviceplugin import rpc
 from colad.deviceplugin.broadcast import DeviceBroadcast
 from colad.deviceplugin.service import DEVICE_PLUGIN_SERVICE, DevicePluginServicer, StreamEvents, build_server
 from colad.metrics.registry import Metrics
 from colad.outputs.statefile import PluginState
 from colad.plugin.podresources import LIST, InUseWatcher
+from colad.runtime import rpc
 from tests.fuzz import wire
 from tests.helpers import wait_until
 
@@ -370,5 +370,5 @@ def test_an_unexpected_error_in_the_poll_thread_is_one_line_and_a_count(
         watcher.stop()
         kubelet.server.stop(grace=None).wait(5)
     lines = [r.getMessage() for r in caplog.records if "in-use poll failed" in r.getMessage()]
-    assert len(lines) == 1 and "RuntimeError: resources unreadable at test_rpc_boundary.py:" in lines[0]  # once
+    assert len(lines) == 1 and "RuntimeError: resources unreadable at test_rpc.py:" in lines[0]  # once
     no_traceback(caplog)
