@@ -154,7 +154,8 @@ def _idle(colad: dict[str, Any], baseline: dict[str, Any]) -> list[Verdict]:
     busiest = max(roles, key=lambda name: roles[name]["own_wakeups_per_min"])
     mine = roles.get("plugin", {}).get("grpc_runtime_wakeups_per_min")
     theirs = baseline["idle"].get("plugin", {}).get("grpc_runtime_wakeups_per_min")
-    ratio = round(mine / theirs, 2) if mine is not None and theirs else math.inf
+    measured = mine is not None and theirs
+    ratio, now = (round(mine / theirs, 2), f"{mine:g} / {theirs:g} per min") if measured else (math.inf, "no figure")
     supervisord = colad["idle"].get("supervisord", {}).get("wakeups_per_min")
     return [
         Verdict(
@@ -164,9 +165,7 @@ def _idle(colad: dict[str, Any], baseline: dict[str, Any]) -> list[Verdict]:
             IDLE_WAKEUPS_PER_MIN,
             "/min",
         ),
-        Verdict(
-            "idle wake-ups of the gRPC runtime in the plugin", SINGLE, ratio, 1.2, "x", f"{mine} / {theirs} per min"
-        ),
+        Verdict("idle wake-ups of the gRPC runtime in the plugin", SINGLE, ratio, 1.2, "x", now),
         _absolute("idle wake-ups of supervisord", supervisord, round(SUPERVISORD_LOOP_PER_MIN * 1.2), "/min"),
     ]
 
