@@ -6,14 +6,14 @@ Two parts of the design card that no code of colad's can make cheaper:
 - an interpreter that imports grpc and exits: a role serving the device plugin API cannot
   answer sooner after its spawn.
 Their sum is a floor under colad's cold start that has no `colad supervise` step, no contention
-for the CPUs and no code of colad's own. It is printed beside the baseline's cold start, so the
-cold-start budget can be read against it in every run.
+for the CPUs and no code of colad's own, printed beside the baseline's cold start.
 And the split alone: the baseline cut into colad's three processes (bench/baseline_split.py), one
 round beside the baseline (bench/split_floor.py): its cold start, CPU per change, propagation and
 PSS against the baseline's, which is what the card's separate processes cost before colad's own
-work and supervisord. In the same round the split that also loads what the card and the house style
-make each role load (dataclasses everywhere, prometheus_client in the plugin after Register): its
-PSS with supervisord's is the floor under the 10-device PSS budget. No budget uses any of it.
+work and supervisord; in the same round the split that also loads what the card and the house style
+make each role load (dataclasses everywhere, prometheus_client in the plugin after Register). At
+scale.BUDGET_COUNT devices both splits start once more (bench/scale.py). `yardsticks` adds these
+up into the floors the budgets read (bench/budgets.py), each part named.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import procstat, split_floor
+from bench.measure import at
+from bench.scale import BUDGET_COUNT
 from bench.subjects import Baseline, Split
 from colad.supervise.main import user_name
 from tests.helpers import wait_until
@@ -93,6 +96,71 @@ def measure(python: str, base: Path, runs: int = RUNS, changes: int = SPLIT_CHAN
     }
 
 
+@dataclass(frozen=True)
+class Yardstick:
+    """A floor a budget reads: figures measured in this run, each named, and their sum."""
+
+    parts: tuple[tuple[str, float], ...]
+    unit: str
+
+    @property
+    def value(self) -> float:
+        return round(sum(v for _, v in self.parts), 2)
+
+    def text(self) -> str:
+        named = " + ".join(f"{label} {v:g}" for label, v in self.parts)
+        return f"{named}{self.unit}" if len(self.parts) == 1 else f"{named} = {self.value:g}{self.unit}"
+
+
+# The floors, by the name bench/budgets.py reads them under.
+COLD_START = "cold start"
+FULL_LIST_AT_SCALE = "start -> full list at scale"
+CPU_PER_CHANGE = "CPU per change"
+CPU_PER_CHANGE_RELAYED = "CPU per change, supervisord's relay counted"
+PSS = "PSS"
+PSS_AT_SCALE = "PSS at scale"
+
+
+def yardsticks(results: dict[str, Any]) -> dict[str, Yardstick | None]:
+    """Each floor from its parts; None where a part was not measured in this run.
+
+    supervisord's start comes in series before the roles'; its PSS and its CPU beside theirs, as
+    colad's own supervisord measured them in this run (a bare one, just started, shares its pages
+    with fewer processes). Its CPU per change is the relay of colad's log line per change.
+    """
+    n = str(BUDGET_COUNT)
+    parts = {
+        COLD_START: (("the split", "floor.split.split.registered_ms"), ("supervisord's start", "floor.supervisord_ms")),
+        FULL_LIST_AT_SCALE: (
+            (f"the split at {BUDGET_COUNT:,}", f"floor.scale.{n}.split.full_list_ms"),
+            ("supervisord's start", "floor.supervisord_ms"),
+        ),
+        CPU_PER_CHANGE: (("the split", "floor.split.split.cpu_change"),),
+        CPU_PER_CHANGE_RELAYED: (
+            ("the split", "floor.split.split.cpu_change"),
+            ("supervisord's relay", "colad.cpu_ms.change.supervisord"),
+        ),
+        PSS: (
+            ("the split with the card's imports", "floor.split.split+card.pss_mib"),
+            ("colad's supervisord", "colad.memory.supervisord.pss_mib"),
+        ),
+        PSS_AT_SCALE: (
+            (
+                f"the split with the card's imports at {BUDGET_COUNT:,}",
+                f"floor.scale.{n}.split+card.memory.total.pss_mib",
+            ),
+            (f"colad's supervisord at {BUDGET_COUNT:,}", f"colad.scale.{n}.memory.supervisord.pss_mib"),
+        ),
+    }
+    units = {CPU_PER_CHANGE: " ms", CPU_PER_CHANGE_RELAYED: " ms", PSS: " MiB", PSS_AT_SCALE: " MiB"}
+    found: dict[str, Yardstick | None] = {}
+    for name, named in parts.items():
+        values = [(label, at(results, path)) for label, path in named]
+        measured = [(label, round(v, 2)) for label, v in values if v is not None]
+        found[name] = Yardstick(tuple(measured), units.get(name, " ms")) if len(measured) == len(values) else None
+    return found
+
+
 def table(results: dict[str, Any]) -> str:
     figures = results.get("floor")
     baseline = results["baseline"].get("cold_start", {}).get("registered_ms")
@@ -112,19 +180,7 @@ def table(results: dict[str, Any]) -> str:
         both, alone = split["split"], split["baseline"]
         for key, label in split_floor.FIGURES:
             lines.append(f"  {label:<50}{both[key]:>11.2f}{both[key] / alone[key]:>22.2f}")
-        # The card's supervisord comes on top: its start before the roles' (in series), its PSS beside them.
-        # colad's own supervisord, measured in this run, where there is one (a bare one, just started,
-        # shares its pages with fewer processes and reads higher).
-        started = both["registered_ms"] + figures["supervisord_ms"]
-        label = "  + supervisord's start: cold start, ms"
-        lines.append(f"  {label:<50}{started:>11.2f}{started / alone['registered_ms']:>22.2f}")
-        colad_supervisord = results.get("colad", {}).get("memory", {}).get("supervisord", {}).get("pss_mib")
-        whose = "colad's" if colad_supervisord else "a bare"
-        total = both["pss_mib"] + (colad_supervisord or figures["supervisord_pss_mib"])
-        label = f"  + {whose} supervisord: PSS, MiB"
-        lines.append(f"  {label:<50}{total:>11.1f}{total / alone['pss_mib']:>22.2f}")
-        if card := split.get("split+card"):  # what the card and the house style load in each role, unused
-            total = card["pss_mib"] + (colad_supervisord or figures["supervisord_pss_mib"])
-            label = "  + dataclasses, prometheus_client: PSS, MiB"
-            lines.append(f"  {label:<50}{total:>11.1f}{total / alone['pss_mib']:>22.2f}")
+    lines.append("floors the budgets read")
+    for name, yardstick in yardsticks(results).items():
+        lines.append(f"  {name}: {yardstick.text() if yardstick else 'not measured'}")
     return "\n".join(lines)

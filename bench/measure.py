@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
+
 from bench import procstat
 from bench.subjects import Subject, settle
 from colad.api import deviceplugin_pb2 as pb
@@ -23,6 +25,13 @@ from tests.helpers import WaitTimeout
 
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
+
+
+def at(figures: Any, path: str) -> float | None:
+    """The number at dotted `path` in a results dict, or None where there is none."""
+    for key in path.split("."):
+        figures = figures.get(key) if isinstance(figures, dict) else None
+    return figures if isinstance(figures, int | float) else None
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -73,8 +82,11 @@ def quiet(subjects: Sequence[Subject], gap: float) -> None:
     time.sleep(gap)
 
 
-def change(subject: Subject, name: str, create: bool) -> float:
-    """Seconds from one create or unlink in the device directory to the first message that shows it."""
+def change(subject: Subject, name: str, create: bool, interval: float = 0.002) -> float:
+    """Seconds from one create or unlink in the device directory to the first message that shows it.
+
+    Returns once that message is at the fake kubelet, polled every `interval` seconds.
+    """
     endpoint = subject.kubelet.current_endpoint()
     since = len(subject.kubelet.updates)
     started = time.monotonic()
@@ -82,7 +94,9 @@ def change(subject: Subject, name: str, create: bool) -> float:
         subject.create(name)
     else:
         subject.unlink(name)
-    update = subject.update_after(since, lambda u: u.endpoint == endpoint and (name in u.devices) == create)
+    update = subject.update_after(
+        since, lambda u: u.endpoint == endpoint and (name in u.devices) == create, interval=interval
+    )
     return update.at - started
 
 
@@ -105,6 +119,26 @@ def changes(
     return seconds
 
 
+def back_to_back(subjects: Sequence[Subject], count: int, prefix: str, rounds: int = 2) -> dict[str, list[float]]:
+    """`count` changes per subject, each made as soon as the fake kubelet has the message of the one before.
+
+    No quiet in between, as a script adding devices one by one or a flapping probe makes them.
+    The subjects take turns by round (`count // rounds` changes each, the order swapped every round);
+    each round opens with one change that follows a quiet system, timed but not kept, and closes with
+    one more where needed, so creates and unlinks pair up and the set ends as it began.
+    """
+    seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
+    per_round = count // rounds
+    for r in range(rounds):
+        for subject in subjects if r % 2 == 0 else reversed(subjects):
+            quiet(subjects, 0.0)
+            for i in range(per_round + 1 + (per_round + 1) % 2):
+                took = change(subject, f"{prefix}-{r:02d}-{i // 2:04d}", create=i % 2 == 0, interval=0.001)
+                if 0 < i <= per_round:
+                    seconds[subject.name].append(took)
+    return seconds
+
+
 def _allocate_request(device: str) -> pb.AllocateRequest:
     return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[device])])
 
@@ -122,11 +156,18 @@ def allocate_sequential(subjects: Sequence[Subject], devices: Sequence[str], cou
     return seconds
 
 
-def _allocate_burst(subject: Subject, requests: Sequence[pb.AllocateRequest], count: int, callers: int) -> list[float]:
-    """`count` Allocate calls shared by `callers` threads that all start together."""
+def _allocate_burst(
+    subject: Subject, requests: Sequence[pb.AllocateRequest], count: int, callers: int
+) -> tuple[list[float], int]:
+    """`count` Allocate calls shared by `callers` threads that all start together; and how many were refused.
+
+    A plugin may refuse calls past its worker pool (RESOURCE_EXHAUSTED) rather than queue them: such a
+    call is made again at once, and its time runs from the first attempt to the answer.
+    """
     tickets = itertools.count()
     start = threading.Barrier(callers)
     seconds: list[float] = []
+    refused: list[int] = []
     errors: list[BaseException] = []
 
     def caller() -> None:
@@ -135,7 +176,8 @@ def _allocate_burst(subject: Subject, requests: Sequence[pb.AllocateRequest], co
             while (ticket := next(tickets)) < count:
                 request = requests[ticket % len(requests)]
                 started = time.perf_counter()
-                subject.kubelet.allocate_raw(request)
+                while not _allocated(subject, request):
+                    refused.append(ticket)
                 seconds.append(time.perf_counter() - started)
         except BaseException as exc:  # re-raised on the bench's thread
             errors.append(exc)
@@ -147,19 +189,33 @@ def _allocate_burst(subject: Subject, requests: Sequence[pb.AllocateRequest], co
         thread.join()
     if errors:
         raise errors[0]
-    return seconds
+    return seconds, len(refused)
+
+
+def _allocated(subject: Subject, request: pb.AllocateRequest) -> bool:
+    """One Allocate call: True once answered, False when refused for want of a worker."""
+    try:
+        subject.kubelet.allocate_raw(request)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return False
+    return True
 
 
 def allocate_concurrent(
     subjects: Sequence[Subject], devices: Sequence[str], count: int, callers: int, rounds: int = 4
-) -> dict[str, list[float]]:
-    """`count` calls per subject from `callers` threads, in `rounds` alternating rounds."""
+) -> dict[str, tuple[list[float], int]]:
+    """`count` calls per subject from `callers` threads, in `rounds` alternating rounds; and the refusals."""
     requests = [_allocate_request(d) for d in devices]
     seconds: dict[str, list[float]] = {s.name: [] for s in subjects}
+    refused = dict.fromkeys(seconds, 0)
     for r in range(rounds):
         for subject in subjects if r % 2 == 0 else reversed(subjects):
-            seconds[subject.name] += _allocate_burst(subject, requests, count // rounds, callers)
-    return seconds
+            answered, refusals = _allocate_burst(subject, requests, count // rounds, callers)
+            seconds[subject.name] += answered
+            refused[subject.name] += refusals
+    return {name: (seconds[name], refused[name]) for name in seconds}
 
 
 def reregister(subject: Subject, names: set[str]) -> tuple[float, float, float]:
@@ -287,6 +343,7 @@ def scale(
     """Start over the files `names` (already in the device directory); then `more` single changes.
 
     `full`: the list is as large as the kubelet takes, so a change removes a device and adds it back.
+    `more` 0: the start and the memory only.
     """
     subject.kubelet.start()
     started = time.monotonic()
@@ -303,7 +360,7 @@ def scale(
     }
     settle(2.0)
     figures["memory"] = memory(subject)
-    if listing is None:  # a change to a list that is cut short may never show
+    if listing is None or not more:  # a change to a list that is cut short may never show
         return figures
     before = cpu([subject])
     one_more = changes([subject], more, "" if full else "more", gap, remove_first=full)[subject.name]

@@ -80,7 +80,9 @@ def one_round(
             elif phase == "allocate":
                 seconds = measure.allocate_sequential(subjects, wanted, count)
             else:
-                seconds = measure.allocate_concurrent(subjects, wanted, count, 16)
+                seconds = {
+                    n: answered for n, (answered, _) in measure.allocate_concurrent(subjects, wanted, count, 16).items()
+                }
             cpu = measure.cpu_per_operation(before, measure.cpu(subjects), count)
             for spy in spies.values():
                 if spy is not None:

@@ -10,18 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from bench import floor, scale
-from bench.budgets import Verdict, summary_line
+from bench.budgets import HEADER, Verdict, summary_line
+from bench.measure import at
 
 Row = tuple[str, float | None, float | None]
-
-
-def _get(figures: dict[str, Any], path: str) -> float | None:
-    value: Any = figures
-    for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return value if isinstance(value, int | float) else None
 
 
 FIGURES: tuple[tuple[str, str], ...] = (
@@ -34,9 +26,13 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("Allocate 16 callers p50, ms", "allocate_concurrent.p50_ms"),
     ("Allocate 16 callers p99, ms", "allocate_concurrent.p99_ms"),
     ("Allocate 16 callers max, ms", "allocate_concurrent.max_ms"),
+    ("Allocate 16 callers: refused, made again", "allocate_concurrent.refused"),
     ("change propagation p50, ms", "propagation.p50_ms"),
     ("change propagation p99, ms", "propagation.p99_ms"),
     ("change propagation max, ms", "propagation.max_ms"),
+    ("change propagation back to back p50, ms", "propagation_back_to_back.p50_ms"),
+    ("change propagation back to back p99, ms", "propagation_back_to_back.p99_ms"),
+    ("change propagation back to back max, ms", "propagation_back_to_back.max_ms"),
     ("re-registration -> Register p50, ms", "reregistration.p50_ms"),
     ("re-registration -> Register p99, ms", "reregistration.p99_ms"),
     ("re-registration -> full list p50, ms", "reregistration_full_list.p50_ms"),
@@ -76,7 +72,7 @@ def ratio(colad: float | None, baseline: float | None) -> float | None:
 
 
 def rows(results: dict[str, Any]) -> list[Row]:
-    return [(label, _get(results["colad"], path), _get(results["baseline"], path)) for label, path in FIGURES]
+    return [(label, at(results["colad"], path), at(results["baseline"], path)) for label, path in FIGURES]
 
 
 def burst_runs(results: dict[str, Any]) -> str:
@@ -112,7 +108,7 @@ def memory_table(results: dict[str, Any]) -> str:
     for subject in ("colad", "baseline"):
         for proc in results[subject]["memory"]:
             cells = "".join(
-                _cell(_get(results[subject], f"{path}.{proc}.{kind}"), 8) for path, _ in columns for kind in kinds
+                _cell(at(results[subject], f"{path}.{proc}.{kind}"), 8) for path, _ in columns for kind in kinds
             )
             lines.append(f"{subject + ' ' + proc:<26}{cells}")
     lines.append('(USS: pages no other process maps; the "alone" rows above count each page of a plugin once)')
@@ -125,7 +121,7 @@ def cpu_table(results: dict[str, Any]) -> str:
     lines = [f"{'CPU ms per operation':<26}" + "".join(f"{t:>13}" for t in titles)]
     for subject in ("colad", "baseline"):
         for proc in results[subject]["cpu_ms"]["change"]:
-            cells = "".join(_cell(_get(results[subject], f"cpu_ms.{phase}.{proc}"), 13) for phase in phases)
+            cells = "".join(_cell(at(results[subject], f"cpu_ms.{phase}.{proc}"), 13) for phase in phases)
             lines.append(f"{subject + ' ' + proc:<26}{cells}")
     return "\n".join(lines)
 
@@ -145,7 +141,8 @@ def idle_table(results: dict[str, Any]) -> str:
 
 
 def budgets(verdicts: list[Verdict]) -> str:
-    return "\n".join([v.line() for v in verdicts] + [summary_line(verdicts)])
+    """A Markdown table, as docs/PERFORMANCE.md shows it."""
+    return "\n".join([HEADER] + [v.row() for v in verdicts] + [summary_line(verdicts)])
 
 
 def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:

@@ -3,8 +3,9 @@
 Starts the real `colad supervise` (supervisord + three processes + the local
 queue) and bench/baseline_plugin.py, each against its own fake kubelet from
 tests/fakes, and measures both: cold start, Allocate latency, change
-propagation, re-registration, memory, three bursts, idle cost, and the scale table
-(bench/scale.py), both run as installed (bench/installed.py). Prints a table with
+propagation (each change after a quiet gap, and back to back), re-registration,
+memory, three bursts, idle cost, the floor (bench/floor.py) and the scale table
+(bench/scale.py), all run as installed (bench/installed.py). Prints a table with
 colad / baseline ratios and a PASS/FAIL line per budget (bench/budgets.py); exits
 0 whatever the verdicts. --json PATH also writes the results. Progress goes to
 stderr. See docs/PERFORMANCE.md.
@@ -92,6 +93,9 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
         meter.measure("change", args.changes - 1, propagate)
         for s in subjects:
             results[s.name]["propagation"] = measure.summary(series[s.name])
+        progress(f"change propagation back to back: {args.back_to_back} changes each")
+        for name, values in measure.back_to_back(subjects, args.back_to_back, "b2b").items():
+            results[name]["propagation_back_to_back"] = measure.summary(values)
         progress(f"Allocate: {args.allocations} sequential calls each")
         devices = sorted(names)
 
@@ -103,8 +107,9 @@ def phase_small(base: Path, args: argparse.Namespace, results: dict[str, Any]) -
         progress(f"Allocate: {args.allocations} calls each from {args.callers} callers")
 
         def concurrent() -> None:
-            for name, values in measure.allocate_concurrent(subjects, devices, args.allocations, args.callers).items():
-                results[name]["allocate_concurrent"] = measure.summary(values)
+            calls = measure.allocate_concurrent(subjects, devices, args.allocations, args.callers)
+            for name, (values, refused) in calls.items():
+                results[name]["allocate_concurrent"] = {**measure.summary(values), "refused": refused}
 
         meter.measure("allocate_concurrent", args.allocations, concurrent)
         progress(f"re-registration: {args.restarts} kubelet restarts each")
@@ -238,6 +243,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--changes", type=int, default=200, help="device changes per plugin (default 200)")
     parser.add_argument(
         "--gap", type=float, default=0.025, help="pause before each device change, seconds (default 0.025)"
+    )
+    parser.add_argument(
+        "--back-to-back",
+        type=int,
+        default=100,
+        help="device changes per plugin, each as soon as the kubelet has the one before (default 100)",
     )
     parser.add_argument("--allocations", type=int, default=2000, help="Allocate calls per plugin and mode")
     parser.add_argument("--callers", type=int, default=16, help="concurrent Allocate callers (default 16)")

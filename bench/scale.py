@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import measure
-from bench.subjects import Baseline, Colad, Subject
+from bench.subjects import Baseline, Colad, PluginUnderTest, Split, Subject
 from colad.core.constants import KUBELET_MAX_RECV_MESSAGE_BYTES
 from colad.core.devices import Device
 from colad.deviceplugin.device_list import list_entry
 from tests.helpers import WaitTimeout
 
 HEALTHY = "Healthy"
+# The count the budgets at scale read (bench/budgets.py); the split (bench/baseline_split.py) starts there
+# too, plain and with the card's imports: the floor under colad's start and PSS at scale (bench/floor.py).
+BUDGET_COUNT = 10_000
 
 
 def entry_bytes(device_id: str, health: str = HEALTHY) -> int:
@@ -53,7 +56,11 @@ def changes_at(count: int, more: int) -> int:
 
 
 def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progress: Any) -> None:
-    """Fill results[subject]["scale"][str(count)] for every count of `args.scale`, colad then the baseline."""
+    """Fill results[subject]["scale"][str(count)] for every count of `args.scale`, colad then the baseline.
+
+    At BUDGET_COUNT the split and the split with the card's imports start too, into
+    results["floor"]["scale"][str(count)][name]: their start and memory, no changes.
+    """
     stage = base / "stage"
     stage.mkdir()
     made = 0
@@ -63,13 +70,18 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
             (stage / str(i)).write_bytes(b"")
         made = count
         names = {str(i) for i in range(count)}
-        for plugin in (Colad(args.python, args.colad_env), Baseline(args.python)):
+        plugins: list[PluginUnderTest] = [Colad(args.python, args.colad_env), Baseline(args.python)]
+        if count == BUDGET_COUNT:
+            plugins += [Split(args.python), Split(args.python, card=True)]
+        for plugin in plugins:
             subject = Subject(plugin, base / f"{plugin.name}-{count}")
             subject.device_dir.rmdir()
             stage.rename(subject.device_dir)
             progress(f"{subject.name}: start over {count:,} devices")
+            is_floor = isinstance(plugin, Split)
+            more = 0 if is_floor else changes_at(count, args.more)
             try:
-                figures = measure.scale(subject, names, changes_at(count, args.more), args.gap, full=count >= max_fit())
+                figures = measure.scale(subject, names, more, args.gap, full=count >= max_fit())
             except WaitTimeout as exc:  # one count that fails is a row of dashes, not the end of the bench
                 progress(f"{subject.name} at {count:,} devices: {exc}")
                 figures = {"devices": count, "listed": 0, "message_bytes": 0, "error": str(exc)[:300]}
@@ -77,7 +89,10 @@ def phase(base: Path, args: argparse.Namespace, results: dict[str, Any], progres
                 subject.close()
                 subject.device_dir.rename(stage)
             figures["message_kib"] = round(figures["message_bytes"] / 1024, 1)
-            results[subject.name].setdefault("scale", {})[str(count)] = figures
+            if is_floor:
+                results["floor"].setdefault("scale", {}).setdefault(str(count), {})[subject.name] = figures
+            else:
+                results[subject.name].setdefault("scale", {})[str(count)] = figures
     results["scale_counts"] = counts(args.scale)
 
 
@@ -96,10 +111,7 @@ ROWS = (
 
 
 def figure(results: dict[str, Any], subject: str, count: int, path: str) -> float | None:
-    value: Any = results[subject].get("scale", {}).get(str(count), {})
-    for key in path.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value if isinstance(value, int | float) else None
+    return measure.at(results[subject], f"scale.{count}.{path}")
 
 
 def table(results: dict[str, Any]) -> str:
