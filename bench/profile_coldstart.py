@@ -3,12 +3,16 @@
 Starts `colad supervise` as bench/measure.py's cold start does (bench.subjects.Colad, its fake
 kubelet) and puts every step on one clock, in ms after the spawn: supervisord up and woken, each
 role spawned and its first line, discovery's first snapshot, the plugin's, Register at the kubelet,
-the first full list. `--old TREE` interleaves another checkout round by round; `--baseline` adds it.
+the first full list; and the CPU each process has spent when Register is answered (its threads'
+on-CPU time from /proc/<pid>/task/*/schedstat, in ns: the 10 ms ticks of /proc/<pid>/stat are too
+coarse), which says who shares the CPUs on the way to Register. `--old TREE` interleaves another
+checkout round by round; `--baseline` adds it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shutil
 import statistics
@@ -22,6 +26,7 @@ from typing import Any
 from bench import installed
 from bench.measure import cold_start
 from bench.subjects import Baseline, Colad, Subject
+from tests.fakes.kubelet import Registration
 
 DEVICES = 10  # device files at the start (--devices): 10,000 gives the scale table's "start -> full list"
 _COLAD = re.compile(r"^ts=(\S+)Z level=\S+ proc=(\S+) msg=(\"[^\"]*\"|\S+)(.*)$")
@@ -59,13 +64,44 @@ def timeline(text: str) -> dict[str, float]:
     return steps
 
 
-def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, float]:
-    """One cold start of `name` ("new", "old" or "baseline") over `devices` files: its steps in ms after the spawn."""
+def on_cpu_ms(pid: int) -> float:
+    """The on-CPU time so far of every thread of `pid`, in ms (0 once it has gone)."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return 0.0
+    return total / 1e6
+
+
+def tree_cpu(root: int) -> dict[str, float]:
+    """`cpu <name>` -> on-CPU ms of `root` ("supervisord", or the baseline's "plugin") and each process
+    under it, named by its colad role (the last word of its command line)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError):
+                text = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+    found = {root: "supervisord"}
+    for pid in sorted(parents):  # children come after their parents, but for pid wrap-around
+        if parents[pid] in found:
+            with contextlib.suppress(OSError):
+                words = (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") or [b""])[:-1]
+                found[pid] = words[-1].decode(errors="replace") if words else str(pid)
+    return {f"cpu {name}": on_cpu_ms(pid) for pid, name in found.items()}
+
+
+def one_run(name: str, tree: str | None, python: str, devices: int = DEVICES) -> dict[str, float]:
+    """One cold start of `name` ("new", "old" or "baseline") on `python` over `devices` files: its steps
+    in ms after the spawn."""
     names = {f"dev-{i}" for i in range(devices)}
     root = Path(tempfile.mkdtemp(prefix=f"coldstart-{name}-"))
-    plugin: Any = Baseline()
+    plugin: Any = Baseline(python)
     if name != "baseline":  # a checkout's own `colad supervise`, on its own interpreter
-        plugin = Colad(installed.tree_python(Path(tree)) if tree else sys.executable, tree=tree)
+        plugin = Colad(python, tree=tree)
     subject = Subject(plugin, root)
     clocks: list[float] = []  # the wall and monotonic time of the spawn, after the files are made
     spawn = plugin.start
@@ -75,6 +111,19 @@ def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, fl
         spawn(where)
 
     plugin.start = start
+    cpu: dict[str, float] = {}
+    registered = subject.registered
+
+    def registered_then_cpu(count: int = 1, timeout: float = 30.0) -> Registration:
+        found = registered(count, timeout)
+        service = getattr(plugin, "service", None)
+        root = service.proc.pid if service is not None and service.proc is not None else plugin.proc.pid
+        cpu.update(tree_cpu(root))
+        if name == "baseline":
+            cpu["cpu plugin"] = cpu.pop("cpu supervisord")
+        return found
+
+    subject.registered = registered_then_cpu  # type: ignore[method-assign]
     try:
         cold_start(subject, names, "first")
         wall0, mono0 = clocks
@@ -84,7 +133,10 @@ def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, fl
         if name != "baseline":
             for step, at in timeline((root / "colad.log").read_text(errors="replace")).items():
                 steps[step] = at - wall0
-        return {step: round(at * 1000, 1) for step, at in steps.items()}
+        figures = {step: round(at * 1000, 1) for step, at in steps.items()}
+        figures.update({key: round(ms, 1) for key, ms in cpu.items()})
+        figures["cpu, all processes"] = round(sum(cpu.values()), 1)
+        return figures
     finally:
         subject.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -92,8 +144,14 @@ def one_run(name: str, tree: str | None, devices: int = DEVICES) -> dict[str, fl
 
 def report(runs: dict[str, list[dict[str, float]]]) -> None:
     for name, results in runs.items():
-        steps = sorted({s for r in results for s in r}, key=lambda s: statistics.median(r.get(s, 1e9) for r in results))
-        print(f"\n{name}: median of {len(results)} runs, ms after the spawn of `colad supervise` [min-max]")
+        keys = {s for r in results for s in r}
+        steps = sorted(
+            (k for k in keys if not k.startswith("cpu")),
+            key=lambda s: statistics.median(r.get(s, 1e9) for r in results),
+        )
+        steps += sorted(k for k in keys if k.startswith("cpu"))
+        print(f"\n{name}: median of {len(results)} runs, ms after the spawn of `colad supervise` [min-max];")
+        print("  cpu: on-CPU ms of each process when Register is answered")
         for step in steps:
             values = [r[step] for r in results if step in r]
             print(f"  {step:34s} {statistics.median(values):8.1f}  [{min(values):.1f}-{max(values):.1f}]")
@@ -112,13 +170,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         subjects.append(("baseline", None))
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in subjects}
-    for round_ in range(args.runs):
-        for name, tree in subjects if round_ % 2 == 0 else reversed(subjects):
-            runs[name].append(one_run(name, tree, args.devices))
-            print(
-                f"round {round_ + 1} {name}: Register answered {runs[name][-1]['Register answered']} ms",
-                file=sys.stderr,
-            )
+    venvs = Path(tempfile.mkdtemp(prefix="coldstart-venv-"))
+    try:
+        pythons: dict[str, str] = {}
+        for name, tree in subjects:  # as make bench runs them: byte-compiled, without the editable hook
+            path = Path(tree) if tree else installed.REPO
+            asked = installed.tree_python(path) if tree else sys.executable
+            pythons[name], how = installed.prepare(asked, venvs / name, path)
+            print(f"{name}: {path} on {asked}, {how}", file=sys.stderr, flush=True)
+        for round_ in range(args.runs):
+            for name, tree in subjects if round_ % 2 == 0 else reversed(subjects):
+                runs[name].append(one_run(name, tree, pythons[name], args.devices))
+                print(
+                    f"round {round_ + 1} {name}: Register answered {runs[name][-1]['Register answered']} ms",
+                    file=sys.stderr,
+                )
+    finally:
+        shutil.rmtree(venvs, ignore_errors=True)
     report(runs)
     return 0
 

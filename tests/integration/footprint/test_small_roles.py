@@ -35,9 +35,18 @@ def test_a_config_with_content_is_parsed_by_tomllib(tmp_path: Path) -> None:
     assert sorted(m for m in NEVER if m in modules and m != "typing") == []
 
 
-@pytest.mark.parametrize("words", [["kubelet-watch"], ["kubelet-watch", "--log-level", "bogus"]])
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["kubelet-watch"],
+        ["kubelet-watch", "--log-level", "bogus"],
+        ["supervise"],
+        ["supervise", "--log-level", "bogus"],
+    ],
+)
 def test_a_role_started_by_its_name_alone_skips_argparse(words: list[str], tmp_path: Path) -> None:
-    """supervisord starts a role by its bare name: no flag to parse, so no argparse; any flag still parses."""
+    """supervisord starts a role, systemd `colad supervise`, by its bare name: no flag to parse, so no
+    argparse; any flag still parses."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAD_")}
     env.update(COLAD_CONFIG=str(tmp_path / "none.toml"), COLAD_LOG_LEVEL="bogus")  # refused at load: exit 2
     out = subprocess.run(
