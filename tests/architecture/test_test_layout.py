@@ -24,8 +24,9 @@ LAYERS = ("unit", "integration")
 OTHER_FOLDERS = {
     "packaging": "what ships beside the code: manifests, dashboard, alert rules, sample config, systemd unit",
     "footprint": "what each role imports on its way to work: a property of all roles, measured per role",
-    "fakes": "the fake kubelet's own tests: it is a test double, not colad",
+    "fakes": "the fakes' own tests (kubelet, plugin watcher, API server): test doubles, not colad",
     "fuzz": "the fuzzers' kept regressions, replayed: the targets span the queue, device files and gRPC",
+    "bench": "the benchmark suite's own pure parts (its budgets and verdicts): bench/ is not colad",
 }
 
 
