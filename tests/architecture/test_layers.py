@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("metrics",),  # the metrics registry, its collectors and the HTTP endpoint
     ("health",),  # the health rule and supervisord's view of the roles
     ("deviceplugin",),  # the device plugin v1beta1 API: servicer, ListAndWatch, RPC boundary
+    ("dra",),  # the DRA kubelet API: registration with the plugin watcher (through deviceplugin's RPC boundary)
     ("discovery", "plugin", "kubelet_watch", "supervise"),  # one package per process
     ("cli",),  # the `colad` command and the operator tools
 )
