@@ -1,0 +1,367 @@
+"""Keeps this node's ResourceSlices of this driver exact at the API server, in threads of its own.
+
+Reads the device sets the plugin process receives (publish()) and this node's slices of this driver
+(list, then watch from the list's resourceVersion); writes the changes colad/core/slices.py plans
+(delete, update, create), only those. Level-triggered: a new device set and any change someone else
+makes (the kubelet deleting the node's slices, a writer updating one) lead to the same list, plan and
+apply. API-server errors are counted by verb and status, retried after a back-off, never raised.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+
+from colad.core.backoff import Backoff
+from colad.core.devices import DeviceSet
+from colad.core.slices import Pool, SlicePlan, plan, pool, pool_names, read_slice, slice_object
+from colad.kube.client import KubeClient, WatchEvent, field_selector
+from colad.kube.errors import ApiError, Conflict, Expired, KubeError, NotFound
+from colad.runtime import log
+from colad.runtime.log import EventLogger
+
+TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
+if TYPE_CHECKING:
+    from typing import Any, Final
+
+LOG = log.get(__name__)
+# client-go's reflector backs off from 800 ms to 30 s; a fleet's retries are spread by the jitter.
+RETRY: Final = Backoff(first=0.5, cap=30.0, jitter=0.5)
+WATCH_SECONDS: Final = 300  # the server ends a watch after this; it is opened again from the last version
+SHORT_WATCH: Final = 1.0  # a watch ending sooner with no event is followed by a pause, not a new watch at once
+STOP_JOIN: Final = 5.0
+UNREACHABLE: Final = "unreachable"  # the code counted for a call that got no answer
+
+
+def _code(exc: KubeError) -> str:
+    return str(exc.status) if isinstance(exc, ApiError) else UNREACHABLE
+
+
+class _Replan(Exception):
+    """The slices changed under a write (409, 404): read them again and plan again."""
+
+
+class SlicePublisher:
+    """This node's slices of `driver`, one pool per resource, converged in a thread to the last publish().
+
+    start() runs it; publish() hands over new device sets and returns at once; withdraw() deletes the
+    slices (mode switch, shutdown); stop() ends it. `count_error(verb, code)` is called for every
+    failed call: verb one of list, watch, get, create, update, delete; code the HTTP status or
+    "unreachable". wait_converged() is for tests and shutdown: the API server held the last
+    publish() exactly when it returns True.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        driver: str,
+        node_name: str,
+        resource_names: Sequence[str],
+        node_uid: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        count_error: Callable[[str, str], None] = lambda verb, code: None,
+        logger: EventLogger = LOG,
+        backoff: Backoff = RETRY,
+        draw: Callable[[], float] = random.random,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.client = client
+        self.driver = driver
+        self.node_name = node_name
+        self.resource_names = tuple(resource_names)
+        self._pool_names = pool_names(node_name, self.resource_names)
+        self._selector = field_selector(node_name=node_name, driver=driver)
+        self._node_uid = node_uid  # None: read from the Node on the first write (its ownerReference)
+        self._clock = clock
+        self._count_error = count_error
+        self._log = logger
+        self._backoff = backoff
+        self._draw = draw
+        self._watch_seconds = watch_seconds
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        # Guarded by _cond: what to publish (None: nothing yet; withdrawn: no pools), its number, and
+        # whether the API server may differ from it (a publish or an outside change since the last sync).
+        self._wanted: Mapping[str, DeviceSet] | None = None
+        self._withdrawn = False
+        self._generation = 0
+        self._converged = -1
+        self._dirty = False
+        self._retry_at = 0.0
+        self._watch: Any = None
+        # The echoes of our own writes on the watch, which need no new sync: name -> resourceVersion
+        # written, and the names deleted.
+        self._written: dict[str, str] = {}
+        self._deleted: set[str] = set()
+        self._threads: list[threading.Thread] = []
+        # Held by the sync thread from a write's call until its answer is noted, and by the watch
+        # thread while it tells an echo: _cond is never held across a call.
+        self._writing = threading.Lock()
+
+    # --- the caller's side -------------------------------------------------------------------------
+
+    def start(self) -> SlicePublisher:
+        for name, target in (("dra-slices", self._sync_loop), ("dra-slices-watch", self._watch_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        self._log.info("slice publisher started", driver=self.driver, node=self.node_name)
+        return self
+
+    def publish(self, device_sets: Mapping[str, DeviceSet]) -> None:
+        """Make the slices list these device sets (a resource without one: an empty pool). Never blocks."""
+        with self._cond:
+            self._wanted = dict(device_sets)
+            self._withdrawn = False
+            self._generation += 1
+            self._dirty = True
+            self._retry_at = 0.0
+            self._cond.notify_all()
+
+    def withdraw(self, timeout: float = STOP_JOIN) -> bool:
+        """Delete this node's slices of this driver, waiting up to `timeout`: True once they are gone."""
+        with self._cond:
+            self._wanted = {}
+            self._withdrawn = True
+            self._generation += 1
+            self._dirty = True
+            self._retry_at = 0.0
+            self._cond.notify_all()
+        done = self.wait_converged(timeout)
+        if done:
+            self._log.info("slices withdrawn", driver=self.driver, node=self.node_name)
+        else:
+            self._log.warning("slices not withdrawn in time", driver=self.driver, node=self.node_name, seconds=timeout)
+        return done
+
+    def wait_converged(self, timeout: float) -> bool:
+        """Wait until the last publish() (or withdraw()) is what the API server holds, with no outside
+        change seen since: True, or False after `timeout` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._converged == self._generation and not self._dirty, timeout)
+
+    def stop(self, timeout: float = STOP_JOIN) -> bool:
+        """End both threads (the open watch is closed); True when they ended within `timeout`."""
+        self._stopping.set()
+        with self._cond:
+            watch, self._watch = self._watch, None
+            self._cond.notify_all()
+        if watch is not None:
+            watch.close()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        ended = not any(t.is_alive() for t in self._threads)
+        self._log.info("slice publisher stopped", driver=self.driver, node=self.node_name, ended=ended)
+        return ended
+
+    # --- converging ----------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        """The API server may no longer hold what was published: sync again."""
+        with self._cond:
+            self._dirty = True
+            self._cond.notify_all()
+
+    def _next(self) -> tuple[Mapping[str, DeviceSet], int, bool] | None:
+        """Wait for something to do: the device sets, their generation and withdrawn; None once stopping."""
+        with self._cond:
+            while True:
+                if self._stopping.is_set():
+                    return None
+                if self._dirty and self._wanted is not None:
+                    wait = self._retry_at - self._clock()
+                    if wait <= 0:
+                        self._dirty = False
+                        return self._wanted, self._generation, self._withdrawn
+                    self._cond.wait(wait)
+                else:
+                    self._cond.wait()
+
+    def _sync_loop(self) -> None:
+        failures = 0
+        conflicts = 0
+        while (job := self._next()) is not None:
+            wanted, generation, withdrawn = job
+            try:
+                self._sync(wanted, withdrawn)
+            except _Replan:
+                conflicts += 1
+                self._retry(self._backoff.delay(conflicts - 1, self._draw()))  # the first at once
+                continue
+            except KubeError as exc:
+                failures += 1
+                delay = self._backoff.delay(failures, self._draw())
+                self._log.warning("slices not published; retrying", error=exc, seconds=round(delay, 3))
+                self._retry(delay)
+                continue
+            except Exception as exc:  # a bug must not end publishing: log once per try, count, back off
+                failures += 1
+                self._count_error("sync", type(exc).__name__)
+                self._log.exception("slice sync failed", error=exc)
+                self._retry(self._backoff.delay(failures, self._draw()))
+                continue
+            failures = conflicts = 0
+            with self._cond:
+                if not self._dirty:
+                    self._converged = generation
+                self._cond.notify_all()
+
+    def _retry(self, delay: float) -> None:
+        with self._cond:
+            self._dirty = True
+            self._retry_at = self._clock() + delay
+            self._cond.notify_all()
+
+    def _call(self, verb: str, call: Callable[[], Any]) -> Any:
+        """One API call, its failure counted and raised."""
+        try:
+            return call()
+        except KubeError as exc:
+            self._count_error(verb, _code(exc))
+            raise
+
+    def _pools(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> list[Pool]:
+        if withdrawn:
+            return []
+        return [pool(self._pool_names[r], r, wanted.get(r, DeviceSet())) for r in self.resource_names]
+
+    def _sync(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> None:
+        items, _ = self._call("list", lambda: self.client.list_slices(self._selector))
+        existing = [read_slice(o) for o in items]
+        with self._cond:  # a slice someone else deleted has no echo to come
+            self._written = {s.name: self._written[s.name] for s in existing if s.name in self._written}
+        todo = plan(self.driver, self.node_name, self._pools(wanted, withdrawn), existing)
+        if todo:
+            self._apply(todo)
+
+    def _owner_uid(self) -> str:
+        """The Node's UID for the slices' ownerReference; "" (no owner) when the Node cannot be read."""
+        if self._node_uid is None:
+            try:
+                node = self._call("get", lambda: self.client.get_node(self.node_name))
+                self._node_uid = str((node.get("metadata") or {}).get("uid") or "")
+            except ApiError as exc:  # 403 without RBAC on nodes, 404 for a node not registered yet
+                self._log.warning("node not readable; slices published without an owner", error=exc)
+                self._node_uid = ""
+        return self._node_uid
+
+    def _apply(self, todo: SlicePlan) -> None:
+        """Carry out a plan; a 409 or 404 (the slices changed since the list) raises _Replan."""
+        try:
+            for gone in todo.delete:
+                delete = partial(
+                    self.client.delete_slice, gone.name, uid=gone.uid, resource_version=gone.resource_version
+                )
+                with self._writing:
+                    try:
+                        self._call("delete", delete)
+                    except NotFound:
+                        continue  # already gone: what the delete was for
+                    with self._cond:
+                        self._deleted.add(gone.name)
+                        self._written.pop(gone.name, None)
+            owner = self._owner_uid() if todo.update or todo.create else ""
+            for held, desired in todo.update:
+                obj = slice_object(desired, self.driver, self.node_name, owner, held)
+                with self._writing:
+                    self._note(self._call("update", partial(self.client.update_slice, obj)))
+            for desired in todo.create:
+                obj = slice_object(desired, self.driver, self.node_name, owner)
+                with self._writing:
+                    self._note(self._call("create", partial(self.client.create_slice, obj)))
+        except (Conflict, NotFound) as exc:
+            self._log.info("slices changed under a write; planning again", error=exc)
+            raise _Replan from exc
+        self._log.info(
+            "slices published",
+            driver=self.driver,
+            node=self.node_name,
+            deleted=len(todo.delete),
+            updated=len(todo.update),
+            created=len(todo.create),
+        )
+
+    def _note(self, written: dict[str, Any]) -> None:
+        metadata = written.get("metadata") or {}
+        with self._cond:
+            self._written[str(metadata.get("name") or "")] = str(metadata.get("resourceVersion") or "")
+
+    # --- watching ------------------------------------------------------------------------------------
+
+    def _echo(self, event: WatchEvent) -> bool:
+        """Whether `event` is one of our own writes coming back (nothing to do)."""
+        name = str((event.object.get("metadata") or {}).get("name") or "")
+        with self._writing, self._cond:  # a write's echo can come before its answer is noted
+            if event.type == "DELETED" and name in self._deleted:
+                self._deleted.discard(name)
+                return True
+            return event.type in ("ADDED", "MODIFIED") and self._written.get(name) == event.resource_version
+
+    def _watch_loop(self) -> None:
+        version = ""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if not version:
+                    _, version = self._call("list", lambda: self.client.list_slices(self._selector))
+                    with self._cond:  # the watch starts after this list: deletions before it have no echo
+                        self._deleted.clear()
+                    self._poke()
+                opened = self._clock()
+                version, events = self._follow(version, resumed=failures > 0)
+                if failures:
+                    self._log.info("API server answering again", failures=failures)
+                failures = 0
+                if not events and self._clock() - opened < SHORT_WATCH:
+                    # Ended at once with nothing in it: a server not ready to serve watches (client-go's
+                    # reflector treats "very short watch" alike); open the next one after a pause.
+                    self._stopping.wait(self._backoff.delay(1, self._draw()))
+            except Expired:
+                version = ""  # too old to resume from: list again
+            except KubeError as exc:
+                failures += 1
+                delay = self._backoff.delay(failures, self._draw())
+                self._log.warning("watch of slices failed; retrying", error=exc, seconds=round(delay, 3))
+                self._stopping.wait(delay)
+            except Exception as exc:  # a bug must not end watching: log once per try, count, back off
+                failures += 1
+                self._count_error("watch", type(exc).__name__)
+                self._log.exception("watch of slices failed", error=exc)
+                self._stopping.wait(self._backoff.delay(failures, self._draw()))
+
+    def _follow(self, version: str, *, resumed: bool) -> tuple[str, int]:
+        """Watch from `version` until the server ends the watch: the last version seen and the number of
+        events. `resumed`: the watch follows a failure, so what failed meanwhile may be tried at once."""
+        events = 0
+        watch = self._call(
+            "watch", lambda: self.client.watch_slices(self._selector, version, timeout_seconds=self._watch_seconds)
+        )
+        with self._cond:
+            if self._stopping.is_set():
+                watch.close()
+                return version, events
+            self._watch = watch
+            if resumed and self._dirty:
+                self._retry_at = 0.0
+                self._cond.notify_all()
+        try:
+            for event in watch:
+                events += 1
+                version = event.resource_version or version
+                if event.type != "BOOKMARK" and not self._echo(event):
+                    self._log.debug("slice changed by another writer", event=event.type)
+                    self._poke()
+        except KubeError as exc:
+            self._count_error("watch", _code(exc))
+            raise
+        finally:
+            with self._cond:
+                if self._watch is watch:
+                    self._watch = None
+            watch.close()
+        return version, events
