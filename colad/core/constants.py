@@ -18,9 +18,6 @@ DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"  # line 30
 KUBELET_SOCKET_NAME: Final = "kubelet.sock"  # line 32: DevicePluginPath + "kubelet.sock"
 SUPPORTED_VERSIONS: Final = ("v1beta1",)  # line 48
 
-# kubernetes/kubernetes pkg/kubelet/cm/devicemanager/types.go
-CHECKPOINT_NAME: Final = "kubelet_internal_checkpoint"  # kubeletDeviceManagerCheckpoint (tests/fakes/kubelet.py)
-
 # pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go dial(): the kubelet gives
 # up dialling the plugin socket after 10 s, so Register must not wait for less.
 KUBELET_DIAL_TIMEOUT_S: Final = 10.0

@@ -42,6 +42,10 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _PLUGIN = "/v1beta1.DevicePlugin/"
 
+# kubernetes/kubernetes pkg/kubelet/cm/devicemanager/types.go kubeletDeviceManagerCheckpoint: the file the
+# device manager rewrites in the plugin directory after every update.
+CHECKPOINT_NAME = "kubelet_internal_checkpoint"
+
 
 def is_extended_resource_name(name: str) -> bool:
     """pkg/apis/core/v1/helper/helpers.go IsExtendedResourceName, with IsQualifiedName inlined."""
@@ -206,7 +210,7 @@ class FakeKubelet:
     def _cleanup_plugin_directory(self) -> None:
         """manager.go CleanupPluginDirectory: remove what os.Stat calls a socket, except the checkpoint."""
         for name in os.listdir(self.plugin_dir):
-            if name == constants.CHECKPOINT_NAME:
+            if name == CHECKPOINT_NAME:
                 continue
             try:
                 mode = os.stat(self.plugin_dir / name).st_mode  # follows symlinks, like os.Stat
@@ -382,7 +386,7 @@ class FakeKubelet:
                 json.dump(data, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.replace(tmp, self.plugin_dir / constants.CHECKPOINT_NAME)
+            os.replace(tmp, self.plugin_dir / CHECKPOINT_NAME)
 
     # ---- RPCs the kubelet makes at admission / container start (endpoint.go, manager.go) ----
     def allocate(self, device_ids: list[str], timeout: float = 10, *, resource: str | None = None) -> dict[str, Any]:
