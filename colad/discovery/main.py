@@ -413,6 +413,11 @@ class Discovery(loop.WatcherLoop):
         if added:
             self.rescan("start", added)
 
+    def close(self) -> None:
+        """Each probe killed with what it started (what discovery adopted, reaped); every watch let go of."""
+        self.health.close()
+        super().close()
+
     def run(self) -> int:
         self.run_dir.ensure()
         for rw in self.watches.values():
@@ -421,7 +426,6 @@ class Discovery(loop.WatcherLoop):
         self._trim_heap()
         while not self.stopping:
             self.step(self.timeout())
-        self.health.close()  # each probe killed with what it started; what discovery adopted, reaped
         # A graceful stop takes the specs away (no colad, no devices to resolve); a crash leaves them.
         for name in self.watches:
             self.outputs.remove_spec(name)

@@ -182,5 +182,7 @@ class Inotify:
         return events
 
     def close(self) -> None:
+        """Let go of the instance and its watches; a second close() does nothing (the fd may be another's by then)."""
         if self.wm is not None:
             self.wm.close()
+            self.wm, self.fd = None, None

@@ -158,6 +158,5 @@ class RoleRunner:
 
     def close(self) -> None:
         self.stop()
-        self.role.client.close()
-        self.role.inotify.close()
+        self.role.close()  # discovery's probes too: a command left running would be the next test's
         self.waker.close()

@@ -52,7 +52,6 @@ def discovery(short_tmp: Path) -> Iterator[Discovery]:
     role.health.host_inotify.close()
     role.health.host_inotify = RacingInotify(role.stats.count)
     yield role
-    role.health.close()
     role.close()
 
 

@@ -72,7 +72,6 @@ def test_a_settled_burst_holds_one_device_object_per_device(cfg: Config) -> None
         spec = Path(cfg.cdi_spec_dir, namemap.cdi_spec_file(rw.resource.name))
         assert spec.read_bytes() == cdi.encode_spec(rw.resource.name, rw.current)
     finally:
-        discovery.health.close()
         discovery.close()
 
 
@@ -102,7 +101,6 @@ def test_the_heap_is_trimmed_after_a_large_turn_only(cfg: Config, monkeypatch: p
             discovery.step(0.2)
         assert calls == [0, 0]  # one file: no trim on the change's path
     finally:
-        discovery.health.close()
         discovery.close()
 
 
@@ -125,5 +123,4 @@ def test_empty_files_are_never_racy_and_share_one_key(cfg: Config) -> None:
         discovery.rescan("inotify", [rw], {rw.resource.name: {"dev00"}}, ())
         assert rw.current.get("dev00").numa_nodes == ()  # type: ignore[union-attr]
     finally:
-        discovery.health.close()
         discovery.close()
