@@ -202,7 +202,9 @@ MAX_ALLOCATION_RESULTS = 32  # resource/v1 types.go AllocationResultsMaxSize
 def claim_problems(claim: Any) -> list[str]:
     """What API-server validation refuses in a ResourceClaim's metadata and status.allocation."""
     metadata = claim.get("metadata") or {}
-    problems = [f"metadata.{k} is not a DNS subdomain" for k in ("namespace", "name") if not is_subdomain(metadata.get(k))]
+    problems = [
+        f"metadata.{k} is not a DNS subdomain" for k in ("namespace", "name") if not is_subdomain(metadata.get(k))
+    ]
     allocation = (claim.get("status") or {}).get("allocation")
     if allocation is None:
         return problems

@@ -18,10 +18,13 @@ import grpc
 from colad.api import dra_v1_pb2, dra_v1beta1_pb2
 
 CALL_TIMEOUT = 45.0  # defaultClientCallTimeout
-SERVICES = {"v1": ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", dra_v1_pb2), "v1beta1": (
-    "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
-    dra_v1beta1_pb2,
-)}
+SERVICES = {
+    "v1": ("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", dra_v1_pb2),
+    "v1beta1": (
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+        dra_v1beta1_pb2,
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,9 @@ def test_a_two_device_claim_gets_one_spec_with_both_devices(
     for name in edits:
         assert "COLA_DEVICES=cola0,cola1" in edits[name]["env"]
         assert "MODE=fast,slow" in edits[name]["env"]  # Allocate's merge, on each device of the request
-    assert edits[f"{claim.uid}-cola0"]["deviceNodes"] == [{"hostPath": "/dev/null", "path": "/dev/cola0", "permissions": "rw"}]
+    assert edits[f"{claim.uid}-cola0"]["deviceNodes"] == [
+        {"hostPath": "/dev/null", "path": "/dev/cola0", "permissions": "rw"}
+    ]
     assert edits[f"{claim.uid}-cola0"]["mounts"] == [
         {"containerPath": "/opt/cola0", "hostPath": "/srv/cola0", "options": ["rbind", "ro"]}
     ]
