@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from colad.core.device_rules import cdi_name
 from colad.core.devices import DeviceSet
 from colad.core.errors import ColadError
 from colad.core.slices import published_names
@@ -152,7 +153,7 @@ def claim_cdi_device(uid: str, device: str) -> str:
 
 def claim_cdi_id(driver: str, uid: str, device: str) -> str:
     """The fully qualified CDI device ID the kubelet hands the runtime."""
-    return f"{claim_cdi_kind(driver)}={claim_cdi_device(uid, device)}"
+    return cdi_name(claim_cdi_kind(driver), claim_cdi_device(uid, device))
 
 
 # --- the checkpoint ---------------------------------------------------------------------------------
