@@ -298,3 +298,20 @@ def test_a_prepare_command_runs_at_prepare_and_its_failure_is_the_claims_error(
     finally:
         client.close()
         plugin.stop()
+
+
+def test_an_empty_call_is_answered_empty(kubelet: FakeDraKubelet) -> None:
+    # dra-example-driver's liveness probe sends exactly this.
+    outcome = kubelet.prepare([])
+    assert (outcome.devices, outcome.errors, outcome.failed) == ({}, {}, "")
+
+
+def test_a_spec_removed_behind_the_drivers_back_is_written_again_on_the_next_prepare(
+    plugin: Plugin, fake: FakeApiServer, kubelet: FakeDraKubelet
+) -> None:
+    claim = two_device_claim(fake)
+    first = kubelet.prepare([claim])
+    (plugin.spec_dir / claims.claim_spec_file(DRIVER, claim.uid)).unlink()
+    again = kubelet.prepare([claim])
+    assert again.devices == first.devices
+    assert plugin.specs() == [claims.claim_spec_file(DRIVER, claim.uid)]
