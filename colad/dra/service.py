@@ -23,7 +23,7 @@ from colad.config.config import Resource
 from colad.core import allocation, claims, trust
 from colad.core.claims import ClaimDevice, ClaimError, ClaimRef, PreparedClaim, PreparedDevice
 from colad.core.devices import DeviceSet, clip_reason
-from colad.core.errors import AllocationError
+from colad.core.errors import AllocationError, ColadError
 from colad.core.slices import pool_names
 from colad.jobs import prestart
 from colad.kube.client import KubeClient
@@ -61,6 +61,9 @@ class DraPluginService:
         clock: Callable[[], float] = time.monotonic,
         trusted: frozenset[int] = trust.ROOT_ONLY,
     ) -> None:
+        for key, path in (("cdi_spec_dir", cdi_spec_dir), ("state_dir", state_dir)):
+            if not os.path.isabs(path):
+                raise ColadError(f"{key} {path!r}: the DRA driver needs an absolute directory")
         self.driver, self.node_name, self.client = driver, node_name, client
         self.resources = {r.name: r for r in resources}
         self.pools = pool_names(node_name, [r.name for r in resources])
@@ -147,6 +150,9 @@ class DraPluginService:
         for ref in refs:
             claim = fetched.get(ref.uid)
             if claim is None or ref.uid in answers:
+                continue
+            if self.clock() >= deadline:
+                answers[ref.uid] = "not prepared within the call's time: the claims before it took it"
                 continue
             try:
                 found = claims.claim_devices(claim, ref, self.driver, self.pools, sets)

@@ -17,6 +17,7 @@ import pytest
 from colad.config.config import Resource
 from colad.core import claims
 from colad.core.devices import Device, DeviceNode, DeviceSet, Mount
+from colad.core.slices import published_names
 from colad.dra.service import DraPluginService
 from colad.kube.access import Access, Credentials
 from colad.kube.client import KubeClient
@@ -229,8 +230,6 @@ def test_each_claim_error_is_its_own_while_a_valid_claim_prepares(
 def test_a_device_with_a_generated_name_maps_back_to_its_file(
     plugin: Plugin, fake: FakeApiServer, kubelet: FakeDraKubelet
 ) -> None:
-    from colad.core.slices import published_names
-
     name = published_names(plugin.devices[RESOURCE])["cola_2"]
     claim = add_claim(fake, "odd", ("gpus", DRIVER, NODE, name))
     outcome = kubelet.prepare([claim])
@@ -315,3 +314,26 @@ def test_a_spec_removed_behind_the_drivers_back_is_written_again_on_the_next_pre
     again = kubelet.prepare([claim])
     assert again.devices == first.devices
     assert plugin.specs() == [claims.claim_spec_file(DRIVER, claim.uid)]
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_leaves_no_spec(
+    plugin: Plugin, fake: FakeApiServer, kubelet: FakeDraKubelet
+) -> None:
+    plugin.state_dir.write_text("a file where the state directory should be")
+    claim = two_device_claim(fake)
+    outcome = kubelet.prepare([claim])
+    assert "checkpoint not written" in outcome.errors[claim.uid]
+    assert plugin.specs() == []
+    assert plugin.service is not None and plugin.service.prepared() == 0
+
+
+def test_a_refused_checkpoint_starts_empty_and_unprepare_still_removes_the_spec(
+    plugin: Plugin, fake: FakeApiServer, kubelet: FakeDraKubelet
+) -> None:
+    claim = two_device_claim(fake)
+    assert kubelet.prepare([claim]).errors == {}
+    (plugin.state_dir / claims.CHECKPOINT_FILE).write_text("{not json")
+    plugin.restart()
+    assert plugin.service is not None and plugin.service.prepared() == 0
+    assert kubelet.unprepare([claim]).errors == {}
+    assert plugin.specs() == []
