@@ -87,8 +87,7 @@ class DraPluginService:
             )
 
     def prepared(self) -> int:
-        with self._lock:
-            return len(self._claims)
+        return len(self._claims)
 
     # --- prepare -----------------------------------------------------------------------------------
 
@@ -97,8 +96,7 @@ class DraPluginService:
         deadline = self.clock() + min(self.call_timeout, budget if budget is not None else self.call_timeout)
         answers: dict[str, PreparedClaim | str] = {}
         reads: dict[str, futures.Future[dict[str, Any]]] = {}
-        with self._lock:
-            known = dict(self._claims)
+        known = self._claims  # replaced whole under the lock, never changed in place: read without it
         for ref in refs:
             problem = claims.uid_problem(ref.uid)
             if problem is not None:
@@ -125,6 +123,9 @@ class DraPluginService:
                 answers[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: API server unreachable: {exc}"
             except KubeError as exc:
                 answers[ref.uid] = f"ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            except Exception as exc:  # one claim's colad bug is that claim's error, not the call's
+                LOG.error("claim not read: a colad bug", uid=ref.uid, error=rpc.failure(exc))
+                answers[ref.uid] = f"internal error in colad ({type(exc).__name__}); see its log"
         if fetched:
             if not self._lock.acquire(timeout=max(0.0, deadline - self.clock())):
                 for uid in fetched:
@@ -146,6 +147,7 @@ class DraPluginService:
     ) -> dict[str, PreparedClaim | str]:
         answers: dict[str, PreparedClaim | str] = {}
         sets = self.devices()
+        table = dict(self._claims)
         written: list[str] = []
         for ref in refs:
             claim = fetched.get(ref.uid)
@@ -171,18 +173,18 @@ class DraPluginService:
                 answers[ref.uid] = f"internal error in colad ({type(exc).__name__}); see its log"
                 continue
             written.append(ref.uid)
-            self._claims[ref.uid] = answers[ref.uid] = prepared
+            table[ref.uid] = answers[ref.uid] = prepared
         if written:
             try:
-                self._save()
+                self._save(table)
             except OSError as exc:
                 for uid in written:
-                    del self._claims[uid]
                     self._remove_spec(uid)
                     answers[uid] = f"checkpoint not written: {exc.strerror or exc}"
                 return answers
+            self._claims = table
             for uid in written:
-                c = self._claims[uid]
+                c = table[uid]
                 LOG.info(
                     "claim prepared",
                     claim=f"{c.ref.namespace}/{c.ref.name}",
@@ -259,6 +261,7 @@ class DraPluginService:
             answers.update({r.uid: "another prepare or unprepare held the driver past the call's time" for r in valid})
             return answers
         try:
+            table = dict(self._claims)
             removed = []
             for ref in valid:
                 try:
@@ -267,15 +270,16 @@ class DraPluginService:
                     answers[ref.uid] = f"CDI spec not removed: {exc.strerror or exc}"
                     continue
                 answers[ref.uid] = ""
-                if self._claims.pop(ref.uid, None) is not None:
+                if table.pop(ref.uid, None) is not None:
                     removed.append(ref)
             if removed:
                 try:
-                    self._save()
+                    self._save(table)
                 except OSError as exc:
                     for ref in removed:
                         answers[ref.uid] = f"checkpoint not written: {exc.strerror or exc}"
                     return answers
+                self._claims = table
             for ref in removed:
                 LOG.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
         finally:
@@ -293,8 +297,8 @@ class DraPluginService:
         except FileNotFoundError:
             pass
 
-    def _save(self) -> None:
-        data = claims.encode_checkpoint(self.driver, self._claims.values())
+    def _save(self, table: Mapping[str, PreparedClaim]) -> None:
+        data = claims.encode_checkpoint(self.driver, table.values())
         files.replace(self.checkpoint_path, data, 0o600, 0o700)
 
     def _load(self) -> dict[str, PreparedClaim]:
