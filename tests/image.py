@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,57 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     if check and result.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
     return result
+
+
+def run_with_cdi(
+    root: Path, spec_dir: Path, cdi_devices: list[str], script: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`sh -c script` in a podman container given `cdi_devices`, resolved from the specs in `spec_dir` alone.
+
+    podman reads specs only from /etc/cdi and /var/run/cdi, so it runs in a private mount namespace where
+    /etc is an overlay (its upper and work directories under `root`) holding /etc/cdi bound to `spec_dir`,
+    and /run/cdi, if present, is hidden: the machine's own spec directories stay untouched.
+    """
+    name = f"colad-cdi-{uuid.uuid4().hex[:12]}"
+    upper, work = root / "etc-upper", root / "etc-work"
+    shutil.rmtree(upper, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    upper.mkdir()
+    work.mkdir()
+    argv = [
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--pull=never",
+        "--network=none",
+        *(arg for device in cdi_devices for arg in ("--device", device)),
+        BASE_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ]
+    namespace = " && ".join(
+        [
+            "set -e",
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc",
+            "mkdir -p /etc/cdi",
+            f"mount --bind {shlex.quote(str(spec_dir))} /etc/cdi",
+            "if [ -d /run/cdi ]; then mount -t tmpfs tmpfs /run/cdi; fi",
+            "exec " + shlex.join(argv),
+        ]
+    )
+    try:
+        return subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", namespace],
+            capture_output=True,
+            text=True,
+            env=podman_env(),
+            timeout=timeout,
+        )
+    finally:
+        podman("rm", "-f", "--ignore", name, check=False, timeout=timeout)
 
 
 def unusable() -> str | None:

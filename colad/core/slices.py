@@ -63,6 +63,12 @@ def device_names(device_ids: Iterable[str]) -> dict[str, str]:
     return names
 
 
+def published_names(devices: DeviceSet) -> dict[str, str]:
+    """The device name of each ID a pool of `devices` lists (its Healthy devices), as pool() names them:
+    a prepared claim's device names are read back through this same map."""
+    return device_names(d.device_id for d in devices if d.healthy)
+
+
 def pool_names(node_name: str, resource_names: Sequence[str]) -> dict[str, str]:
     """Each resource's pool: the node's name (the upstream convention for node-local devices) for a
     single resource; with several, "<node>/<label>", the label made from the resource name as a device
@@ -105,7 +111,7 @@ def pool(name: str, resource_name: str, devices: DeviceSet) -> Pool:
     on any cluster; pods already running with it are not touched (only a NoExecute taint would evict).
     """
     healthy = [d for d in devices if d.healthy]
-    names = device_names(d.device_id for d in healthy)
+    names = published_names(devices)
     listed = []
     for device in healthy:
         file_name, replica, number = device.device_id.partition(REPLICA_SEPARATOR)

@@ -17,7 +17,7 @@ import operator
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from colad.core.device_rules import cdi_device_name_problem
@@ -188,6 +188,23 @@ def required_version(document: dict[str, Any]) -> str:
     if any(m.get("type") for e in all_edits for m in e.get("mounts", [])):
         return "0.4.0"
     return "0.3.0"
+
+
+def encode_claim_spec(kind: str, entries: Sequence[tuple[str, Device, Mapping[str, str]]]) -> bytes:
+    """A DRA claim's CDI spec: one device per (CDI name, device, envs) entry, at the lowest version it needs.
+
+    Each device carries its own device nodes and mounts (edits()) and, besides its marker, `envs`: the
+    environment of the container's whole request as Allocate merges it (COLA_DEVICES included), the
+    same on every device of one request, so the order in which a runtime applies them does not matter.
+    """
+    devices = []
+    for name, device, envs in entries:
+        container_edits = edits(device)
+        container_edits["env"] = [marker(device.device_id)] + [f"{k}={v}" for k, v in envs.items()]
+        devices.append({"name": name, "containerEdits": container_edits})
+    document: dict[str, Any] = {"kind": kind, "devices": devices}
+    document["cdiVersion"] = required_version(document)
+    return (_dumps(document) + "\n").encode()
 
 
 class SpecWriter:

@@ -12,10 +12,8 @@ the machine's own spec directories stay untouched, and the test checks that they
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -57,47 +55,7 @@ def _scan(device_dir: Path, replicas: int = 1) -> DeviceSet:
 
 
 def _run(root: Path, spec_dir: Path, device_id: str, script: str) -> subprocess.CompletedProcess[str]:
-    name = f"colad-cdi-{uuid.uuid4().hex[:12]}"
-    upper, work = root / "etc-upper", root / "etc-work"
-    shutil.rmtree(upper, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    upper.mkdir()
-    work.mkdir()
-    podman = [
-        "podman",
-        "run",
-        "--rm",
-        "--name",
-        name,
-        "--pull=never",
-        "--network=none",
-        "--device",
-        namemap.cdi_device_name(RESOURCE, device_id),
-        image.BASE_IMAGE,
-        "sh",
-        "-c",
-        script,
-    ]
-    namespace = " && ".join(
-        [
-            "set -e",
-            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc",
-            "mkdir -p /etc/cdi",
-            f"mount --bind {shlex.quote(str(spec_dir))} /etc/cdi",
-            "if [ -d /run/cdi ]; then mount -t tmpfs tmpfs /run/cdi; fi",
-            "exec " + shlex.join(podman),
-        ]
-    )
-    try:
-        return subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", namespace],
-            capture_output=True,
-            text=True,
-            env=image.podman_env(),
-            timeout=PODMAN_TIMEOUT,
-        )
-    finally:
-        image.podman("rm", "-f", "--ignore", name, check=False, timeout=PODMAN_TIMEOUT)
+    return image.run_with_cdi(root, spec_dir, [namemap.cdi_device_name(RESOURCE, device_id)], script, PODMAN_TIMEOUT)
 
 
 SEE = (

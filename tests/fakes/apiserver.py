@@ -196,6 +196,28 @@ def _matches(obj: dict[str, Any], terms: dict[str, str]) -> bool:
     return all(values[k] == v for k, v in terms.items())
 
 
+MAX_ALLOCATION_RESULTS = 32  # resource/v1 types.go AllocationResultsMaxSize
+
+
+def claim_problems(claim: Any) -> list[str]:
+    """What API-server validation refuses in a ResourceClaim's metadata and status.allocation."""
+    metadata = claim.get("metadata") or {}
+    problems = [
+        f"metadata.{k} is not a DNS subdomain" for k in ("namespace", "name") if not is_subdomain(metadata.get(k))
+    ]
+    allocation = (claim.get("status") or {}).get("allocation")
+    if allocation is None:
+        return problems
+    results = (allocation.get("devices") or {}).get("results") or []
+    if len(results) > MAX_ALLOCATION_RESULTS:
+        problems.append(f"status.allocation.devices.results: more than {MAX_ALLOCATION_RESULTS}")
+    for i, result in enumerate(results):
+        for key in ("request", "driver", "pool", "device"):
+            if not isinstance(result.get(key), str) or not result[key]:
+                problems.append(f"status.allocation.devices.results[{i}].{key}: required")
+    return problems
+
+
 class _Refused(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -379,6 +401,11 @@ class FakeApiServer:
             return node
 
     def add_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
+        """Store a ResourceClaim; ValueError for what validation would refuse (resource/v1 types.go:
+        at most 32 allocation results, each naming a request, driver, pool and device)."""
+        problems = claim_problems(claim)
+        if problems:
+            raise ValueError("; ".join(problems))
         with self.lock:
             metadata = claim.setdefault("metadata", {})
             metadata.setdefault("uid", f"claim-uid-{metadata['name']}")
@@ -387,6 +414,10 @@ class FakeApiServer:
             claim.setdefault("kind", "ResourceClaim")
             self.claims[(metadata["namespace"], metadata["name"])] = claim
             return claim
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        with self.lock:
+            del self.claims[(namespace, name)]
 
     def node_slices(self, node_name: str, driver: str | None = None) -> list[dict[str, Any]]:
         terms = {"spec.nodeName": node_name, **({"spec.driver": driver} if driver is not None else {})}

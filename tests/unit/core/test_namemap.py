@@ -429,6 +429,9 @@ JOINS_ELSEWHERE = {
     ("runtime/kubeletdir.py", "os.path.join(kubelet_dir, n)"): "lists the kubelet directory",
     ("plugin/sockets.py", "os.path.join(self.cfg.kubelet_dir, name)"): "a plugin socket: kubelet_dir",
     ("core/dra_registration.py", "posixpath.join(plugins_dir, driver, PLUGIN_SOCKET_NAME)"): "Config.dra_plugin_socket",
+    ("dra/service.py", "os.path.join(self.cdi_spec_dir, claims.claim_spec_file(self.driver, uid))"): (
+        "a claim's spec file, k8s.<driver>-claim_<uid>.json: never a resource's, whose names start colad-"
+    ),
 }
 DIRECTORY_WORDS = ("run_dir", "kubelet_dir", "spec_dir", "constants.", "_NAME", "state/", "where")
 

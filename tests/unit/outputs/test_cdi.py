@@ -425,3 +425,32 @@ def test_fallback_notes_change_once_per_reason() -> None:
         True,
         False,
     ]
+
+
+def test_a_claim_spec_gives_each_device_its_own_nodes_and_mounts_and_the_requests_envs() -> None:
+    a = Device("cola0", envs=(("MODE", "fast"),), device_nodes=(DeviceNode("/dev/null", "/dev/null"),))
+    b = Device("cola1", mounts=(Mount("/srv/x", "/opt/x"),))
+    envs = {"MODE": "fast", "COLA_DEVICES": "cola0,cola1"}
+    data = cdi.encode_claim_spec("k8s.cola.myway5.com/claim", [("u-cola0", a, envs), ("u-cola1", b, envs)])
+    spec = json.loads(data)
+    assert spec["kind"] == "k8s.cola.myway5.com/claim" and spec["cdiVersion"] == "0.3.0"
+    first, second = spec["devices"]
+    assert first == {
+        "name": "u-cola0",
+        "containerEdits": {
+            "env": [cdi.marker("cola0"), "MODE=fast", "COLA_DEVICES=cola0,cola1"],
+            "deviceNodes": [{"path": "/dev/null", "permissions": "rw"}],
+        },
+    }
+    assert second["containerEdits"]["env"] == [cdi.marker("cola1"), "MODE=fast", "COLA_DEVICES=cola0,cola1"]
+    assert second["containerEdits"]["mounts"] == [
+        {"hostPath": "/srv/x", "containerPath": "/opt/x", "options": ["rbind", "ro"]}
+    ]
+    assert data.endswith(b"\n") and data == cdi.encode_claim_spec(
+        spec["kind"], [("u-cola0", a, envs), ("u-cola1", b, envs)]
+    )
+
+
+def test_a_claim_spec_needs_the_version_its_names_need() -> None:
+    data = cdi.encode_claim_spec("k8s.d/claim", [("5d0c-cola0", Device("cola0"), {})])
+    assert json.loads(data)["cdiVersion"] == "0.5.0"  # a name that starts with a digit
