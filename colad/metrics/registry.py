@@ -195,8 +195,10 @@ class Metrics:
         *,
         per_device: bool = True,
         snapshot: Callable[[], PluginState] | None = None,
+        dra: bool = False,
     ) -> None:
         self.per_device = per_device
+        self.dra = dra  # DRA mode: its families are served too (device-plugin mode's output stays as it is)
         # Current state comes from published snapshots, read at scrape time (collectors.py): the
         # plugin's (devices, streams, registration, list size) and the in-use view's.
         empty = PluginState(pid=0)
@@ -284,6 +286,13 @@ class Metrics:
             "resource",
             "effect",
         )
+        self.dra_api_errors = _counter(
+            "colad_dra_api_errors",
+            "Calls to the API server (DRA mode) that failed, by verb (list, watch, get, create, update, delete, "
+            "sync) and code (the HTTP status, unreachable, or the exception of a colad bug).",
+            "verb",
+            "code",
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -318,7 +327,7 @@ class Metrics:
             self.state_file_failures,
             self.effect_failures,
             self.thread_failures,
-        )
+        ) + ((self.dra_api_errors,) if self.dra else ())
 
     @property
     def bound(self) -> bool:
