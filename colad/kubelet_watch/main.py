@@ -38,7 +38,8 @@ class KubeletWatch(loop.WatcherLoop):
             loop.DirWatch(self.inotify, cfg.plugins_registry_dir, KUBELET_DIR_EVENTS) if cfg.dra_mode else None
         )
         self.registration_name = os.path.basename(cfg.dra_registration_socket) if cfg.dra_mode else ""
-        self.last: tuple[str, tuple[str, ...], str] | None = None
+        self.last: tuple[str, tuple[str, ...]] | None = None
+        self.registration = ""  # the registration socket's identity at the last look ("" absent)
 
     def relevant(self, event: InotifyEvent) -> bool:
         if event.overflow or event.mask & loop.SELF_GONE:
@@ -56,14 +57,10 @@ class KubeletWatch(loop.WatcherLoop):
         registration = ""
         if self.registry_dir is not None:
             registration = socket_identity(os.path.join(self.registry_dir.path, self.registration_name))
-        state = (
-            socket_identity(os.path.join(where, constants.KUBELET_SOCKET_NAME)),
-            plugin_sockets(where),
-            registration,
-        )
-        if state == self.last:
+        state = (socket_identity(os.path.join(where, constants.KUBELET_SOCKET_NAME)), plugin_sockets(where))
+        if state == self.last and registration == self.registration:
             return
-        previous, self.last = self.last, state
+        previous, self.last, self.registration = self.last, state, registration
         seq = self.next_seq()
         self.stats.count("changes.kubelet_socket" if previous and previous[0] != state[0] else "changes.sockets")
         if previous is None or previous[0] != state[0]:
@@ -76,7 +73,7 @@ class KubeletWatch(loop.WatcherLoop):
         elif previous[1] != state[1]:
             LOG.info("plugin sockets changed", reason=reason, sockets=",".join(state[1]) or "-")
         else:
-            LOG.info("registration socket changed", reason=reason, identity=state[2] or "-")
+            LOG.info("registration socket changed", reason=reason, identity=registration or "-")
         self.client.publish(messages.KubeletState(self.epoch, seq))
 
     def step(self, timeout: float | None) -> None:
