@@ -155,7 +155,8 @@ def test_dra_mode_registers_and_keeps_the_slices_exact(
     status = subprocess.run(
         [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
     )
-    assert f"mode:       dra (driver {DRIVER}, registration registered" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"mode:       dra (driver {DRIVER}, registration registered" in status.stdout, status.stdout
 
 
 def test_three_hundred_devices_are_published_in_slices_of_at_most_128(
