@@ -34,12 +34,33 @@ class KubeletWatch(loop.WatcherLoop):
     def __init__(self, cfg: Config, *, client: QueueClient | None = None) -> None:
         super().__init__(cfg, KUBELET_WATCH.name, client=client)
         self.kubelet_dir = loop.DirWatch(self.inotify, cfg.kubelet_dir, KUBELET_DIR_EVENTS)
-        self.registry_dir = (
-            loop.DirWatch(self.inotify, cfg.plugins_registry_dir, KUBELET_DIR_EVENTS) if cfg.dra_mode else None
-        )
-        self.registration_name = os.path.basename(cfg.dra_registration_socket) if cfg.dra_mode else ""
+        self.registry_dir: loop.DirWatch | None = None
+        self.registration_name = ""
+        self.watch_registry()
         self.last: tuple[str, tuple[str, ...]] | None = None
         self.registration = ""  # the registration socket's identity at the last look ("" absent)
+
+    def watch_registry(self) -> None:
+        """In DRA mode, watch the registry directory for colad's registration socket; else nothing there."""
+        cfg = self.cfg
+        wanted = (cfg.plugins_registry_dir, cfg.dra_registration_socket) if cfg.dra_mode else None
+        held = (self.registry_dir.configured, self.registration_name) if self.registry_dir is not None else None
+        if held is not None and wanted is not None and held[0] == wanted[0]:
+            self.registration_name = os.path.basename(wanted[1])
+            return
+        if self.registry_dir is not None:
+            self.registry_dir.close()
+            self.registry_dir, self.registration_name = None, ""
+        if wanted is not None:
+            self.registry_dir = loop.DirWatch(self.inotify, wanted[0], KUBELET_DIR_EVENTS)
+            self.registration_name = os.path.basename(wanted[1])
+
+    def apply_config(self, previous: Config) -> None:
+        """A reload into or out of DRA mode starts or ends the registry's watch; the next turn looks."""
+        self.watch_registry()
+        if self.registry_dir is not None:
+            self.registry_dir.ensure()
+        self.look("reload")
 
     def relevant(self, event: InotifyEvent) -> bool:
         if event.overflow or event.mask & loop.SELF_GONE:

@@ -362,6 +362,15 @@ class Metrics:
             self._registry = r
             return r
 
+    def serve_dra(self) -> None:
+        """DRA mode from now on (a reload into it): its families are served too, from then on."""
+        with self._bind_lock:
+            if self.dra:
+                return
+            self.dra = True
+            if self._registry is not None:
+                self.dra_api_errors.bind(self._registry)
+
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""
         for result in ALLOCATE_RESULTS:

@@ -339,6 +339,7 @@ class Plugin:
         plugin left, and a registrar's close() its own."""
         from colad.plugin.dra_host import DraHost
 
+        self.metrics.serve_dra()
         self.dra = DraHost(self.cfg, self.metrics, clock=self.clock)
         self.dra.start()
         self.publish_dra()
