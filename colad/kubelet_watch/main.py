@@ -42,21 +42,16 @@ class KubeletWatch(loop.WatcherLoop):
 
     def watch_registry(self) -> None:
         """In DRA mode, watch the registry directory for colad's registration socket; else nothing there."""
-        cfg = self.cfg
-        wanted = (cfg.plugins_registry_dir, cfg.dra_registration_socket) if cfg.dra_mode else None
-        held = (self.registry_dir.configured, self.registration_name) if self.registry_dir is not None else None
-        if held is not None and wanted is not None and held[0] == wanted[0]:
-            self.registration_name = os.path.basename(wanted[1])
-            return
-        if self.registry_dir is not None:
+        wanted = self.cfg.plugins_registry_dir if self.cfg.dra_mode else None
+        self.registration_name = os.path.basename(self.cfg.dra_registration_socket) if wanted else ""
+        if self.registry_dir is not None and self.registry_dir.configured != wanted:
             self.registry_dir.close()
-            self.registry_dir, self.registration_name = None, ""
-        if wanted is not None:
-            self.registry_dir = loop.DirWatch(self.inotify, wanted[0], KUBELET_DIR_EVENTS)
-            self.registration_name = os.path.basename(wanted[1])
+            self.registry_dir = None
+        if wanted is not None and self.registry_dir is None:
+            self.registry_dir = loop.DirWatch(self.inotify, wanted, KUBELET_DIR_EVENTS)
 
     def apply_config(self, previous: Config) -> None:
-        """A reload into or out of DRA mode starts or ends the registry's watch; the next turn looks."""
+        """A reload into or out of DRA mode starts or ends the registry's watch, and looks at once."""
         self.watch_registry()
         if self.registry_dir is not None:
             self.registry_dir.ensure()
