@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -215,10 +214,16 @@ def test_sigterm_removes_the_registration_socket(
     service.add("cola-a")
     service.start()
     watcher.wait_registration(timeout=WAIT)
-    pid = service.kill("plugin", signal.SIGTERM)
-    wait_until(lambda: not registration_socket(service).exists() or None, WAIT, "the registration socket gone")
+    wait_published(apiserver, {"cola-a"})
+    old = service.pids()["plugin"]
+    service.expect_restart("plugin")
+    service.rpc().supervisor.stopProcess("colad:plugin")  # SIGTERM, and no restart until asked
+    assert not registration_socket(service).exists()
+    assert not (short_tmp / "plugins" / DRIVER / "dra.sock").exists()
     watcher.wait_deregistered(DRIVER, timeout=WAIT)
-    service.wait_running(WAIT, exclude_pids={"plugin": pid})  # supervisord starts it again: served anew
+    assert published(apiserver) == {"cola-a"}  # left for the kubelet's wipe, as upstream's helper does
+    service.rpc().supervisor.startProcess("colad:plugin")
+    service.wait_running(WAIT, exclude_pids={"plugin": old})
     watcher.wait_registration(count=2, timeout=WAIT)
 
 
