@@ -166,7 +166,13 @@ def render_status(report: dict[str, Any]) -> str:
     lines += _render_source(report.get("source"), report.get("ready"))
     stale = "" if (report.get("source") or {}).get("live") else "; from the state file, not live"
     # report["plugin"] is the answer or the file as written (for --json); collect() has read it with from_json.
-    for r in statefile.from_json(plugin).resources if plugin else ():
+    state = statefile.from_json(plugin) if plugin else None
+    if state is not None and state.dra_driver:
+        lines.append("")
+        lines.append(
+            f"mode:       dra (driver {state.dra_driver}, registration {state.dra_registration or '-'}{stale})"
+        )
+    for r in state.resources if state else ():
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))
         lines.append("")
         lines.append(f"resource:   {r.name}")
@@ -187,7 +193,7 @@ def render_status(report: dict[str, Any]) -> str:
         )
     for waiting in report.get("waiting", ()):
         lines.append(f"waiting: {waiting}")
-    for text in statefile.from_json(plugin).degraded if plugin else ():
+    for text in state.degraded if state else ():
         lines.append(f"degraded: {text}")
     for problem in report["problems"]:
         lines.append(f"problem: {problem}")

@@ -61,6 +61,7 @@ from colad.core.names import (
     DEFAULT_MODE,
     DEFAULT_REPLICA_POLICY,
     DEFAULT_RESOURCE_NAME,
+    DRA_MODE,
     MODES,
     driver_name_problem,
     node_name_problem,
@@ -200,6 +201,10 @@ class Config:
     # What load() found for an unset node_name: NODE_NAME, else the host name. Never exported: a child
     # finds it again in the environment it inherits.
     node_name_default: str = field(default="", compare=False)
+    # The API server of a pod's own cluster (KUBERNETES_SERVICE_HOST and _PORT, as the kubelet sets them
+    # in every pod), for an unset kubeconfig. Never exported, as node_name_default.
+    kube_service_host: str = field(default="", compare=False)
+    kube_service_port: str = field(default="", compare=False)
 
     @property
     def resources(self) -> tuple[Resource, ...]:
@@ -228,6 +233,11 @@ class Config:
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.kubelet_dir, constants.KUBELET_SOCKET_NAME)
+
+    @property
+    def dra_mode(self) -> bool:
+        """Served as a DRA driver (else as a device plugin)."""
+        return self.mode == DRA_MODE
 
     @property
     def resolved_node_name(self) -> str:
@@ -296,7 +306,14 @@ class Config:
 
 ENV_PREFIX = "COLAD_"
 # Config fields no file, variable or flag sets: load() fills them in.
-UNSETTABLE = ("config_file", "resource_tables", "pinned", "node_name_default")
+UNSETTABLE = (
+    "config_file",
+    "resource_tables",
+    "pinned",
+    "node_name_default",
+    "kube_service_host",
+    "kube_service_port",
+)
 
 
 def _export(value: object) -> str:
@@ -429,6 +446,8 @@ def load(flags: Mapping[str, object | None] | None = None, env: Mapping[str, str
         resource_tables=tables,
         pinned=pinned,
         node_name_default=found,
+        kube_service_host=env.get("KUBERNETES_SERVICE_HOST", ""),
+        kube_service_port=env.get("KUBERNETES_SERVICE_PORT", ""),
         **final,  # type: ignore[arg-type]
     )
     problems.extend(_directory_problems(cfg, labels, sources, source, failed))
@@ -459,7 +478,7 @@ def _default_node_name(env: Mapping[str, str]) -> tuple[str, str]:
 def _dra_problems(cfg: Config, sources: Mapping[str, str], found_in: str, failed: set[str]) -> list[str]:
     """What only DRA mode uses, checked in DRA mode only: a default node name, and the socket paths the
     driver name gives (its own rule is a MAPPINGS entry). A device plugin never reads them."""
-    if cfg.mode != "dra":
+    if not cfg.dra_mode:
         return []
     problems: list[str] = []
     if not cfg.node_name and (why := node_name_problem(cfg.node_name_default)):
@@ -607,7 +626,7 @@ def _cdi_on(cfg: Config) -> bool:
 
 def _dra_on(cfg: Config) -> bool:
     """DRA mode with a driver name its socket paths can be made of."""
-    return cfg.mode == "dra" and driver_name_problem(cfg.dra_driver_name) is None
+    return cfg.dra_mode and driver_name_problem(cfg.dra_driver_name) is None
 
 
 MAPPINGS: tuple[NameMapping, ...] = (
@@ -633,7 +652,7 @@ MAPPINGS: tuple[NameMapping, ...] = (
         "dra driver",
         (dra_driver_name,),
         lambda cfg, name: (dra_driver_name(name),) if name == cfg.resources[0].name else (),
-        lambda cfg: cfg.mode == "dra" and not cfg.dra_driver,
+        lambda cfg: cfg.dra_mode and not cfg.dra_driver,
         ("mode", "dra_driver"),
         lambda value: f"{why}; set dra_driver" if (why := driver_name_problem(value)) else None,
     ),

@@ -26,6 +26,7 @@ CDI_MODES: Final = ("both", "only", "off")
 # The config's `mode`: the kubelet API colad serves its devices through (device plugin v1beta1, or DRA).
 MODES: Final = ("device-plugin", "dra")
 DEFAULT_MODE: Final = MODES[0]
+DRA_MODE: Final = MODES[1]
 
 # k8s.io/apimachinery pkg/util/validation/validation.go: IsDNS1123Subdomain (DNS1123SubdomainMaxLength)
 # and the name part of IsQualifiedName (qualifiedNameMaxLength).

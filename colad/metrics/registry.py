@@ -195,8 +195,10 @@ class Metrics:
         *,
         per_device: bool = True,
         snapshot: Callable[[], PluginState] | None = None,
+        dra: bool = False,
     ) -> None:
         self.per_device = per_device
+        self.dra = dra  # DRA mode: its families are served too (device-plugin mode's output stays as it is)
         # Current state comes from published snapshots, read at scrape time (collectors.py): the
         # plugin's (devices, streams, registration, list size) and the in-use view's.
         empty = PluginState(pid=0)
@@ -284,6 +286,13 @@ class Metrics:
             "resource",
             "effect",
         )
+        self.dra_api_errors = _counter(
+            "colad_dra_api_errors",
+            "Calls to the API server (DRA mode) that failed, by verb (list, watch, get, create, update, delete, "
+            "sync) and code (the HTTP status, unreachable, or the exception of a colad bug).",
+            "verb",
+            "code",
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -318,7 +327,7 @@ class Metrics:
             self.state_file_failures,
             self.effect_failures,
             self.thread_failures,
-        )
+        ) + ((self.dra_api_errors,) if self.dra else ())
 
     @property
     def bound(self) -> bool:
@@ -352,6 +361,15 @@ class Metrics:
             self._device_series.clear()
             self._registry = r
             return r
+
+    def serve_dra(self) -> None:
+        """DRA mode from now on (a reload into it): its families are served too, from then on."""
+        with self._bind_lock:
+            if self.dra:
+                return
+            self.dra = True
+            if self._registry is not None:
+                self.dra_api_errors.bind(self._registry)
 
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""

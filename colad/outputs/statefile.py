@@ -147,6 +147,8 @@ class PluginState:
     health: str = ""
     kubelet: str = ""  # identity of kubelet.sock as the plugin last saw it by stat() ("" absent)
     degraded: tuple[str, ...] = ()  # roles polling for an inotify limit, one text each (colad.health.rule.degraded)
+    dra_driver: str = ""  # DRA mode: the driver served ("" device-plugin mode)
+    dra_registration: str = ""  # DRA mode: the registration's phase (colad.dra.registration.RegistrationPhase)
 
     def waiting(self) -> ResourceState | None:
         """The first resource not registered, else the first: the flat top-level fields describe it."""
@@ -223,6 +225,7 @@ def to_json(state: PluginState) -> dict[str, object]:
         "kubelet": state.kubelet,
         **({} if state.healthy is None else {"health": {"ok": state.healthy, "reason": state.health}}),
         **({"degraded": list(state.degraded)} if state.degraded else {}),
+        **({"dra": {"driver": state.dra_driver, "registration": state.dra_registration}} if state.dra_driver else {}),
     }
 
 
@@ -327,6 +330,9 @@ def from_json(raw: object) -> PluginState:
     if not isinstance(entries, list):
         raise StateFileError("resources: not a list")
     health = raw.get("health")
+    dra = raw.get("dra") or {}
+    if not isinstance(dra, dict):
+        raise StateFileError("dra: not an object")
     return PluginState(
         pid=_int(raw, "pid", 0),
         resources=tuple(_resource_from(e) for e in entries),
@@ -337,6 +343,8 @@ def from_json(raw: object) -> PluginState:
         health=str(health.get("reason", "")) if isinstance(health, dict) else "",
         kubelet=_str(raw, "kubelet"),
         degraded=_texts(raw.get("degraded", [])),
+        dra_driver=_str(dra, "driver"),
+        dra_registration=_str(dra, "registration"),
     )
 
 

@@ -43,6 +43,7 @@ from colad.runtime.kubeletdir import socket_identity
 if TYPE_CHECKING:
     from colad.health.supervisor import RoleHealth
     from colad.metrics.httpserver import MetricsServer
+    from colad.plugin.dra_host import DraHost
     from colad.plugin.podresources import InUseWatcher
     from colad.plugin.status_socket import StatusSocket
 
@@ -57,6 +58,18 @@ MAX_PENDING_SNAPSHOTS = 64  # snapshots kept for resources this plugin does not 
 # later); the file is never more than this behind the published snapshot.
 STATE_FILE_INTERVAL = 0.05
 STATE_FILE_RETRY = 1.0  # a state file that could not be written (a full run directory) is tried again this often
+
+
+def dra_identity(cfg: Config) -> tuple[object, ...]:
+    """What a DRA host is built from: a reload that changes any of it serves DRA afresh."""
+    return (
+        cfg.dra_driver_name,
+        cfg.resolved_node_name,
+        cfg.kubeconfig,
+        cfg.dra_registration_socket,
+        cfg.dra_plugin_socket,
+        tuple(r.name for r in cfg.resources),
+    )
 
 
 class Plugin:
@@ -74,7 +87,9 @@ class Plugin:
         # Current state (devices, registered, streams, list size) is scraped from the published snapshot.
         # It counts at once; its registry, the HTTP server, the role check and the in-use watcher come
         # once the first Register is sent (`observers`): none of them is on the path to it.
-        self.metrics = Metrics(per_device=cfg.metrics_per_device, snapshot=lambda: self.snapshot.state)
+        self.metrics = Metrics(
+            per_device=cfg.metrics_per_device, snapshot=lambda: self.snapshot.state, dra=cfg.dra_mode
+        )
         self.metrics_server: MetricsServer | None = None
         self.roles: RoleHealth | None = None
         self.status_socket: StatusSocket | None = None
@@ -100,7 +115,9 @@ class Plugin:
             lambda: self.cfg.cdi_spec_dir,
             lambda: self.cfg.trusted_uids,
         )
-        self.registrars = {r.name: ResourceRegistrar(self.ctx, r, clock()) for r in cfg.resources}
+        # DRA mode: no registrar (nothing on kubelet.sock); the DRA host serves the devices (started by run()).
+        self.registrars = {r.name: ResourceRegistrar(self.ctx, r, clock()) for r in cfg.resources if not cfg.dra_mode}
+        self.dra: DraHost | None = None
         # The latest physical device set per resource, also for resources not (yet) served:
         # discovery may reload before the plugin does.
         self.snapshots: dict[str, messages.DeviceSnapshot] = {}
@@ -192,6 +209,8 @@ class Plugin:
             reload=self.last_reload,
             kubelet=self.kubelet_now,
             degraded=tuple(text for _, text in sorted(self.degraded.items()) if text),
+            dra_driver=self.dra.driver if self.dra else "",
+            dra_registration=self.dra.phase if self.dra else "",
         )
         held, changed = self.snapshot, state != self.snapshot.state  # the one deep comparison
         kept = state if changed else held.state  # unchanged: the same object, compared by identity below
@@ -283,6 +302,8 @@ class Plugin:
             self.discovery_heard = at
             if message.resource in self.snapshots or len(self.snapshots) < MAX_PENDING_SNAPSHOTS:
                 self.snapshots[message.resource] = message
+            if self.dra is not None:
+                self.publish_dra()
             registrar = self.registrars.get(message.resource)
             if registrar is None:
                 LOG.debug("snapshot for a resource not served (yet)", resource=message.resource)
@@ -304,6 +325,29 @@ class Plugin:
             self.seen_identity = identity
         for registrar in list(self.registrars.values()):
             registrar.apply(reg.KubeletSeen(identity, registrar.socket_intact(), reason), now)
+        if self.dra is not None:
+            self.dra.check()
+
+    def publish_dra(self) -> None:
+        """Hand the DRA host the device set of every resource served, as discovery last sent it."""
+        if self.dra is not None:
+            served = (r.name for r in self.cfg.resources)
+            self.dra.publish({name: s.devices for name in served if (s := self.snapshots.get(name)) is not None})
+
+    def start_dra(self) -> None:
+        """Enter DRA mode. The device-plugin sockets are gone by then: claim_instance removed those a dead
+        plugin left, and a registrar's close() its own."""
+        from colad.plugin.dra_host import DraHost
+
+        self.metrics.serve_dra()
+        self.dra = DraHost(self.cfg, self.metrics, clock=self.clock)
+        self.dra.start()
+        self.publish_dra()
+
+    def stop_dra(self, *, withdraw: bool) -> None:
+        if self.dra is not None:
+            self.dra.stop(withdraw=withdraw)
+            self.dra = None
 
     def _registers_sent(self) -> bool:
         """Every resource has sent its first Register (or cannot yet: no server, stopped)."""
@@ -408,7 +452,10 @@ class Plugin:
         except ConfigError as exc:
             self.last_reload = statefile.ReloadResult(at=self.wall(), ok=False, reason=str(exc))
             return
-        self.cfg = applied
+        running, self.cfg = self.cfg, applied
+        if running.dra_mode or applied.dra_mode:
+            self._reload_mode(running, applied, deferred)
+            return
         wanted: dict[str, Resource] = {r.name: r for r in applied.resources}
         todo = reload_plan.plan({name: e.resource for name, e in self.registrars.items()}, applied.resources)
         removed = [self.registrars[name] for name in todo.removed]
@@ -440,6 +487,34 @@ class Plugin:
             self.wall(), True, "", todo.added, todo.removed, todo.changed, tuple(deferred)
         )
 
+    def _reload_mode(self, running: Config, applied: Config, deferred: tuple[str, ...]) -> None:
+        """A reload in or into DRA mode: the side no longer served is withdrawn (device plugin: the empty
+        list and its sockets; DRA: its slices and its sockets), and what is served now starts afresh."""
+        now = self.clock()
+        switched = running.dra_mode != applied.dra_mode
+        if applied.dra_mode and not switched and dra_identity(running) == dra_identity(applied):
+            LOG.info("config reloaded", mode=applied.mode, changed="-", deferred=",".join(deferred) or "-")
+            self.last_reload = statefile.ReloadResult(self.wall(), True, "", deferred=tuple(deferred))
+            return
+        if applied.dra_mode:
+            removed = list(self.registrars.values())
+            withdraw(removed, self.events, self.deferred, self.clock, DRAIN_TIMEOUT)
+            for registrar in removed:
+                registrar.close(now)
+                self.metrics.remove_resource(registrar.name)
+            self.registrars = {}
+            self.stop_dra(withdraw=True)  # another driver, node or resource list: the old slices go
+            self.start_dra()
+        else:
+            self.stop_dra(withdraw=True)
+            self.registrars = {r.name: ResourceRegistrar(self.ctx, r, now) for r in applied.resources}
+            for name, registrar in self.registrars.items():
+                if (snapshot := self.snapshots.get(name)) is not None:
+                    registrar.take(snapshot, now, changed=True)
+            self.check_kubelet("mode")
+        LOG.info("config reloaded", mode=applied.mode, was=running.mode, deferred=",".join(deferred) or "-")
+        self.last_reload = statefile.ReloadResult(self.wall(), True, "", deferred=tuple(deferred))
+
     def _over_budget(self) -> bool:
         now = self.clock()
         count, window = CRASH_BUDGET
@@ -456,6 +531,8 @@ class Plugin:
 
     def run(self) -> int:
         self.sockets.claim_instance()
+        if self.cfg.dra_mode:
+            self.start_dra()
         started = self.clock()
         for registrar in self.registrars.values():
             registrar.restart_clock(started)
@@ -491,6 +568,9 @@ class Plugin:
             now = self.clock()
             for registrar in self.registrars.values():
                 registrar.close(now)
+            # The slices stay: the kubelet wipes them once no DRA socket of the driver is connected, and a
+            # restart (an upgrade) publishes them again before then (docs/DEVELOPING.md, "DRA mode").
+            self.stop_dra(withdraw=False)
             self.publish()
             self.write_state(now=True)
             self.sockets.stop()

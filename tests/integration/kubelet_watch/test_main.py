@@ -365,3 +365,30 @@ def test_restarted_plugin_gets_the_current_state(
 
     _, inbox = serve(cfg.queue_socket)
     wait_for_state(watcher, inbox, identity(kubelet_dir / "kubelet.sock"), ("colad-3.sock",), timeout=3)
+
+
+# ---------------------------------------------------------------- DRA mode
+
+
+def test_in_dra_mode_the_registration_socket_removed_or_made_anew_is_news(
+    short_tmp: Path, serve: Serve, runners: Callable[[KubeletWatch], RoleRunner]
+) -> None:
+    cfg = make_config(short_tmp, mode="dra", plugins_registry_dir=str(short_tmp / "registry"))
+    os.mkdir(cfg.run_dir, 0o700)
+    Path(cfg.kubelet_dir).mkdir()
+    Path(cfg.plugins_registry_dir).mkdir()
+    registration = Path(cfg.dra_registration_socket)
+    bind_socket(registration)
+    _, inbox = serve(cfg.queue_socket)
+    watcher = KubeletWatch(cfg)
+    runner = runners(watcher)
+    begin(watcher)
+    runner.start()
+    wait_until(lambda: len(inbox.of(KubeletState)) == 1, 5, "the first KubeletState")
+    assert watcher.registration == identity(registration)
+    registration.unlink()
+    wait_until(lambda: len(inbox.of(KubeletState)) == 2, 5, "a KubeletState for the removal")
+    assert watcher.registration == ""
+    bind_socket(registration)
+    wait_until(lambda: len(inbox.of(KubeletState)) == 3, 5, "a KubeletState for the new socket")
+    assert watcher.registration == identity(registration)

@@ -60,6 +60,18 @@ def test_a_found_node_name_is_not_exported_to_children(tmp_path: Path) -> None:
     assert cfg.environment()["COLAD_NODE_NAME"] == ""
 
 
+def test_the_in_cluster_api_server_is_read_from_the_pod_environment_and_never_exported(tmp_path: Path) -> None:
+    env = config_env(tmp_path, KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443")
+    cfg = load({}, env)
+    assert (cfg.kube_service_host, cfg.kube_service_port) == ("10.96.0.1", "443")
+    assert cfg == Config(config_file=cfg.config_file)
+    assert not [k for k in cfg.environment() if "KUBE_SERVICE" in k]
+    assert (load({}, config_env(tmp_path)).kube_service_host, load({}, config_env(tmp_path)).kube_service_port) == (
+        "",
+        "",
+    )
+
+
 def test_the_driver_name_derives_from_the_first_resource(tmp_path: Path) -> None:
     text = '[[resources]]\nname = "a.example/gpu"\ndevice_dir = "/srv/a"\n'
     text += '[[resources]]\nname = "b.example/fpga"\ndevice_dir = "/srv/b"\n'

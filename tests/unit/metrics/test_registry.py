@@ -30,3 +30,23 @@ def test_allocated_counts_into_the_exported_series_across_remove_and_add() -> No
     metrics.allocated(COLA, ["a"])
     assert value("colad_allocate_requests_total", {"resource": COLA, "result": "success"}) == 1
     assert value("colad_allocated_devices_total", {"resource": COLA}) == 1
+
+
+def test_api_server_errors_are_a_family_of_dra_mode_only() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    plain = Metrics(CollectorRegistry())
+    assert b"colad_dra_api_errors" not in generate_latest(plain.registry)
+    dra = Metrics(dra=True)
+    dra.dra_api_errors.labels("create", "422").inc()  # before the registry is built: kept, then replayed
+    assert dra.registry.get_sample_value("colad_dra_api_errors_total", {"verb": "create", "code": "422"}) == 1.0
+
+
+def test_a_reload_into_dra_mode_serves_its_family_from_then_on() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    metrics = Metrics(CollectorRegistry())
+    metrics.serve_dra()
+    metrics.dra_api_errors.labels("list", "unreachable").inc()
+    assert b'colad_dra_api_errors_total{code="unreachable",verb="list"} 1.0' in generate_latest(metrics.registry)
+    metrics.serve_dra()  # once only: a second family of the same name would be refused by the registry

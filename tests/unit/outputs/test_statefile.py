@@ -270,3 +270,13 @@ def test_check_shows_why_each_unhealthy_device_is() -> None:
     assert text.count("why:") == 2
     check.add_reasons(report, state, "colad-9.sock")  # another socket's resource: nothing changes
     assert report.devices is not None and report.devices[1].why == "probe fan: stopped\x07"
+
+
+def test_dra_mode_is_written_only_in_dra_mode_and_read_back() -> None:
+    assert "dra" not in statefile.to_json(PluginState(pid=1))
+    state = PluginState(pid=1, dra_driver="cola.myway5.com", dra_registration="registered")
+    written = statefile.to_json(state)
+    assert written["dra"] == {"driver": "cola.myway5.com", "registration": "registered"}
+    assert statefile.from_json(json.loads(json.dumps(written))) == state
+    with pytest.raises(StateFileError, match="dra"):
+        statefile.from_json({**written, "dra": ["registered"]})

@@ -1,0 +1,263 @@
+"""DRA mode under the real supervisord, through the strict fake plugin watcher and the fake API server.
+
+The plugin process reads a kubeconfig naming the fake's HTTPS URL, its CA and a token; it registers with
+the plugin watcher, keeps this node's ResourceSlices exact as device files come, go and turn Unhealthy,
+survives a kubelet restart (slices wiped) and an API-server outage, and never touches kubelet_dir.
+A reload switches between the modes, withdrawing the side no longer served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colad.core.constants import SOCKET_RECORD_NAME
+from colad.outputs.socketpath import SocketRecord
+from tests.fakes.apiserver import FakeApiServer, Pki
+from tests.fakes.kubelet import FakeKubelet
+from tests.fakes.pluginwatcher import FakePluginWatcher
+from tests.helpers import wait_until
+from tests.service import ColadService
+
+pytestmark = pytest.mark.e2e
+
+NODE = "node-1"
+DRIVER = "cola.myway5.com"  # derived from the default resource name myway5.com/cola
+TOKEN = "test-token"
+WAIT = 30.0
+MAX_DEVICES = 128  # resource/v1 ResourceSliceMaxDevices
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def apiserver(pki: Pki) -> Iterator[FakeApiServer]:
+    fake = FakeApiServer(pki, tokens={TOKEN}).start()
+    fake.add_node(NODE, "node-uid-1")
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def watcher(short_tmp: Path) -> Iterator[FakePluginWatcher]:
+    fake = FakePluginWatcher(short_tmp / "registry")
+    fake.start()
+    yield fake
+    fake.stop()
+    assert fake.violations() == [], "the fake plugin watcher saw contract violations"
+
+
+def dra_keys(root: Path, apiserver: FakeApiServer) -> dict[str, str]:
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "colad"}}],
+                "clusters": [
+                    {
+                        "name": "fake",
+                        "cluster": {"server": apiserver.url, "certificate-authority": str(apiserver.pki.ca)},
+                    }
+                ],
+                "users": [{"name": "colad", "user": {"token": TOKEN}}],
+            }
+        )
+    )
+    return {
+        "node_name": NODE,
+        "kubeconfig": str(kubeconfig),
+        "plugins_registry_dir": str(root / "registry"),
+        "plugins_dir": str(root / "plugins"),
+    }
+
+
+@pytest.fixture
+def service(short_tmp: Path, apiserver: FakeApiServer, watcher: FakePluginWatcher) -> Iterator[ColadService]:
+    env = {"COLAD_MODE": "dra", **{"COLAD_" + k.upper(): v for k, v in dra_keys(short_tmp, apiserver).items()}}
+    colad = ColadService(short_tmp, extra_env=env)
+    yield colad
+    rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def registration_socket(colad: ColadService) -> Path:
+    return Path(colad.env.get("COLAD_PLUGINS_REGISTRY_DIR") or colad.root / "registry") / f"{DRIVER}-reg.sock"
+
+
+def slices(apiserver: FakeApiServer) -> list[dict[str, Any]]:
+    return apiserver.node_slices(NODE, DRIVER)
+
+
+def published(apiserver: FakeApiServer) -> set[str] | None:
+    """The device names of this node's pool, when its slices are complete and valid; else None."""
+    held = slices(apiserver)
+    if not held:
+        return None
+    generation = max(s["spec"]["pool"]["generation"] for s in held)
+    current = [s for s in held if s["spec"]["pool"]["generation"] == generation]
+    if any(s["spec"]["pool"]["resourceSliceCount"] != len(current) for s in current):
+        return None  # a pool still being written
+    assert all(len(s["spec"].get("devices") or []) <= MAX_DEVICES for s in current)
+    return {d["name"] for s in current for d in s["spec"].get("devices") or []}
+
+
+def wait_published(apiserver: FakeApiServer, expected: set[str], timeout: float = WAIT) -> None:
+    wait_until(lambda: published(apiserver) == expected or None, timeout, f"slices listing {sorted(expected)}")
+
+
+def leave_device_plugin_socket(colad: ColadService) -> Path:
+    """A plugin socket a device-plugin colad made and left behind (killed): recorded, nobody listening."""
+    path = colad.kubelet_dir / "colad-myway5.com-cola.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+    (colad.run_dir / "state").mkdir(mode=0o700, parents=True, exist_ok=True)
+    colad.run_dir.chmod(0o700)
+    SocketRecord(str(colad.run_dir / SOCKET_RECORD_NAME)).add(str(path))
+    return path
+
+
+def test_dra_mode_registers_and_keeps_the_slices_exact(
+    short_tmp: Path, service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer, kubelet: FakeKubelet
+) -> None:
+    service.add("cola-a", "cola-b")
+    left = leave_device_plugin_socket(service)
+    service.start()
+    registration = watcher.wait_registration(timeout=WAIT)
+    assert (registration.name, registration.endpoint) == (DRIVER, str(short_tmp / "plugins" / DRIVER / "dra.sock"))
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    service.add("cola-c")
+    wait_published(apiserver, {"cola-a", "cola-b", "cola-c"})
+    service.remove("cola-b")
+    wait_published(apiserver, {"cola-a", "cola-c"})
+    missing = short_tmp / "nowhere"
+    (service.device_dir / "cola-c").write_text(f'[[mounts]]\nhost_path = "{missing}"\ncontainer_path = "/x"\n')
+    wait_published(apiserver, {"cola-a"})  # Unhealthy: not allocatable, left out
+    # Never on kubelet.sock, nothing in kubelet_dir but the kubelet's own: the socket left there is gone.
+    assert not left.exists()
+    assert kubelet.registrations == []
+    assert sorted(p.name for p in service.kubelet_dir.iterdir() if p.is_socket()) == ["kubelet.sock"]
+    status = subprocess.run(
+        [sys.executable, "-m", "colad", "status"], env=service.env, capture_output=True, text=True, timeout=30
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"mode:       dra (driver {DRIVER}, registration registered" in status.stdout, status.stdout
+
+
+def test_three_hundred_devices_are_published_in_slices_of_at_most_128(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    names = {f"cola-{i:03d}" for i in range(300)}
+    service.add(*names)
+    service.start()
+    wait_published(apiserver, names, timeout=60)
+    assert len(slices(apiserver)) == 3
+
+
+def test_a_kubelet_restart_gets_registration_and_slices_back(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a", "cola-b")
+    service.start()
+    watcher.wait_registration(timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    watcher.stop()
+    assert apiserver.wipe_node(NODE) > 0  # the kubelet's start: every slice of the node deleted
+    watcher.start()
+    watcher.wait_registration(count=2, timeout=WAIT)
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+
+
+def test_a_deleted_registration_socket_is_made_anew_and_registered_again(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a")
+    service.start()
+    watcher.wait_registration(timeout=WAIT)
+    registration_socket(service).unlink()
+    watcher.wait_registration(count=2, timeout=WAIT)
+    assert registration_socket(service).is_socket()
+
+
+def test_slices_are_exact_again_after_an_api_server_outage(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a", "cola-b")
+    service.start()
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    apiserver.stop()
+    service.add("cola-c")
+    service.remove("cola-a")
+    service.wait_log("slices not published; retrying", timeout=WAIT)
+    apiserver.start()
+    wait_published(apiserver, {"cola-b", "cola-c"}, timeout=60)
+
+
+def test_sigterm_removes_the_registration_socket(
+    short_tmp: Path, service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a")
+    service.start()
+    watcher.wait_registration(timeout=WAIT)
+    wait_published(apiserver, {"cola-a"})
+    old = service.pids()["plugin"]
+    service.expect_restart("plugin")
+    service.rpc().supervisor.stopProcess("colad:plugin")  # SIGTERM, and no restart until asked
+    assert not registration_socket(service).exists()
+    assert not (short_tmp / "plugins" / DRIVER / "dra.sock").exists()
+    watcher.wait_deregistered(DRIVER, timeout=WAIT)
+    assert published(apiserver) == {"cola-a"}  # left for the kubelet's wipe, as upstream's helper does
+    service.rpc().supervisor.startProcess("colad:plugin")
+    service.wait_running(WAIT, exclude_pids={"plugin": old})
+    watcher.wait_registration(count=2, timeout=WAIT)
+
+
+def test_a_reload_switches_modes_and_withdraws_the_other_side(
+    short_tmp: Path, apiserver: FakeApiServer, watcher: FakePluginWatcher, kubelet: FakeKubelet
+) -> None:
+    colad = ColadService(short_tmp)
+    config = Path(colad.env["COLAD_CONFIG"])
+    keys = "".join(f'{k} = "{v}"\n' for k, v in dra_keys(short_tmp, apiserver).items())
+    config.write_text(keys)
+    colad.add("cola-a", "cola-b")
+    colad.start()
+    try:
+        kubelet.wait_devices({"cola-a": "Healthy", "cola-b": "Healthy"}, timeout=WAIT)
+        endpoint = kubelet.current_endpoint()
+        assert endpoint is not None
+        config.write_text('mode = "dra"\n' + keys)
+        reload(colad)
+        watcher.wait_registration(timeout=WAIT)
+        wait_published(apiserver, {"cola-a", "cola-b"})
+        wait_until(lambda: kubelet.devices() == {} or None, WAIT, "the empty list at the kubelet")
+        assert not (colad.kubelet_dir / os.path.basename(endpoint)).exists()
+        config.write_text(keys)
+        reload(colad)
+        wait_until(lambda: slices(apiserver) == [] or None, WAIT, "the slices withdrawn")
+        wait_until(lambda: not registration_socket(colad).exists() or None, WAIT, "the registration socket gone")
+        kubelet.wait_devices({"cola-a": "Healthy", "cola-b": "Healthy"}, timeout=WAIT)
+    finally:
+        rc = colad.stop()
+    assert rc == 0, f"supervisord exited with {rc}\n" + colad.log()[-4000:]
+
+
+def reload(colad: ColadService) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "colad", "reload"], env=colad.env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
