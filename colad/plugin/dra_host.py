@@ -22,6 +22,7 @@ from colad.core.dra_registration import plugin_info
 from colad.core.errors import ColadError
 from colad.dra.publisher import SlicePublisher
 from colad.dra.registration import STOP_GRACE, RegistrationService, ensure_dir
+from colad.dra.service import DraPluginService
 from colad.kube.access import Credentials, from_kubeconfig, in_cluster
 from colad.kube.client import KubeClient
 from colad.metrics.registry import Metrics
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
     class Servable(Protocol):
         def add_to(self, server: grpc.Server) -> None: ...
+
+        def close(self) -> None: ...
 
 
 LOG = log.get(__name__)
@@ -60,12 +63,22 @@ def dra_services(
     devices: Callable[[], Mapping[str, DeviceSet]],
     metrics: Metrics,
 ) -> tuple[Servable, ...]:
-    """The services served on the DRA socket, each added to the server by its `add_to(server)`.
-
-    With none, the socket still accepts the kubelet's connection (which keeps the driver "usable" to
-    it), and every call is answered UNIMPLEMENTED.
-    """
-    return ()
+    """The services served on the DRA socket, each added to the server by its `add_to(server)`: the
+    DRAPlugin service (v1 and v1beta1). Its claim checkpoint lives beside the DRA socket, in the
+    plugin's own directory under plugins_dir, as upstream's helper keeps its data: it outlives a reboot,
+    so a claim prepared before one is unprepared after it."""
+    service = DraPluginService(
+        driver=cfg.dra_driver_name,
+        node_name=cfg.resolved_node_name,
+        client=client,
+        resources=cfg.resources,
+        devices=devices,
+        cdi_spec_dir=cfg.cdi_spec_dir,
+        state_dir=os.path.dirname(cfg.dra_plugin_socket),
+        metrics=metrics,
+        trusted=cfg.trusted_uids,
+    )
+    return (service,)
 
 
 def build_dra_server(socket_path: str, services: tuple[Servable, ...]) -> grpc.Server:
@@ -120,6 +133,7 @@ class DraHost:
         self._devices: Mapping[str, DeviceSet] = {}  # replaced whole on each publish: read from gRPC threads
         self._published = False  # publish() was called: the publisher has something to keep
         self._server: grpc.Server | None = None
+        self._services: tuple[Servable, ...] = ()
         self._server_identity: tuple[int, int] | None = None
         self._registering = False  # registration.start() was called: from then on its check() keeps it
 
@@ -169,21 +183,26 @@ class DraHost:
                 return
             LOG.info("dra socket removed; serving anew", socket=self.plugin_socket)
             self._stop_plugin()
+        services: tuple[Servable, ...] = ()
         try:
-            server = build_dra_server(
-                self.plugin_socket, dra_services(self.cfg, self.client, self.devices, self.metrics)
-            )
+            services = dra_services(self.cfg, self.client, self.devices, self.metrics)
+            server = build_dra_server(self.plugin_socket, services)
             server.start()
         except (ColadError, OSError, RuntimeError) as exc:
+            for service in services:
+                service.close()
             self._say(f"{self.plugin_socket}: {exc}")
             return
-        self._server, self._server_identity = server, _identity(self.plugin_socket)
+        self._server, self._server_identity, self._services = server, _identity(self.plugin_socket), services
         LOG.info("dra socket served", driver=self.driver, socket=self.plugin_socket)
 
     def _stop_plugin(self) -> None:
         server, self._server, self._server_identity = self._server, None, None
+        services, self._services = self._services, ()
         if server is not None:
             server.stop(STOP_GRACE).wait()
+        for service in services:
+            service.close()
 
     def publish(self, device_sets: Mapping[str, DeviceSet]) -> None:
         """The device sets of every resource served, as discovery last sent them; returns at once."""

@@ -21,7 +21,9 @@ import pytest
 
 from colad.core.constants import SOCKET_RECORD_NAME
 from colad.outputs.socketpath import SocketRecord
+from tests import image
 from tests.fakes.apiserver import FakeApiServer, Pki
+from tests.fakes.dra_kubelet import Claim, FakeDraKubelet
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.pluginwatcher import FakePluginWatcher
 from tests.helpers import wait_until
@@ -34,6 +36,7 @@ DRIVER = "cola.myway5.com"  # derived from the default resource name myway5.com/
 TOKEN = "test-token"
 WAIT = 30.0
 MAX_DEVICES = 128  # resource/v1 ResourceSliceMaxDevices
+PODMAN_TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +264,96 @@ def reload(colad: ColadService) -> None:
         [sys.executable, "-m", "colad", "reload"], env=colad.env, capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def allocated_claim(apiserver: FakeApiServer, name: str, devices: list[str]) -> Claim:
+    """A ResourceClaim the scheduler allocated to `devices` of this node's pool, as the API server holds it."""
+    results = [{"request": "cola", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+    stored = apiserver.add_claim(
+        {
+            "metadata": {"namespace": "default", "name": name},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+    )
+    return Claim("default", name, stored["metadata"]["uid"])
+
+
+def claim_spec(service: ColadService, claim: Claim) -> Path:
+    return service.root / "cdi" / f"k8s.{DRIVER}-claim_{claim.uid}.json"
+
+
+def test_a_prepared_claim_is_unprepared_after_a_plugin_kill_and_the_claims_deletion(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a", "cola-b", "cola-c")
+    service.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b", "cola-c"})
+    claim = allocated_claim(apiserver, "pair", ["cola-a", "cola-b"])
+    endpoint = str(service.root / "plugins" / DRIVER / "dra.sock")
+    kubelet = FakeDraKubelet(endpoint)
+    try:
+        first = kubelet.prepare([claim])
+        assert first.errors == {}, first.errors
+        assert kubelet.prepare([claim]).devices == first.devices  # prepared twice: the same answer
+    finally:
+        kubelet.close()
+    spec = json.loads(claim_spec(service, claim).read_text())
+    envs = {e for d in spec["devices"] for e in d["containerEdits"].get("env", [])}
+    assert "COLA_DEVICES=cola-a,cola-b" in envs, spec
+    old = service.pids()["plugin"]
+    service.kill("plugin")
+    service.wait_running(exclude_pids={"plugin": old})
+    apiserver.delete_claim("default", "pair")  # unprepare must not need the API server's claim
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    kubelet = FakeDraKubelet(endpoint)
+    try:
+        wait_until(lambda: kubelet.unprepare([claim]).errors == {} or None, WAIT, "the claim unprepared")
+        assert not claim_spec(service, claim).exists()
+        assert kubelet.unprepare([claim]).errors == {}  # unprepared twice: still no error
+        assert kubelet.violations == []
+    finally:
+        kubelet.close()
+
+
+@pytest.mark.usefixtures("base_image")
+@pytest.mark.skipif(image.unusable() is not None, reason=image.unusable() or "")
+def test_podman_resolves_a_claim_prepared_by_the_running_colad(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    host = service.root / "host"
+    (host / "dev").mkdir(parents=True)
+    (host / "share").mkdir()
+    os.mknod(host / "dev" / "cola0", 0o666 | 0o020000, os.makedev(1, 3))  # /dev/null's numbers: harmless
+    (host / "share" / "hello").write_text("from the host\n")
+    service.device_dir.mkdir(parents=True, exist_ok=True)
+    (service.device_dir / "cola-a").write_text(
+        f'[envs]\nMODE = "fast"\n\n[[device_nodes]]\nhost_path = "{host}/dev/cola0"\ncontainer_path = "/dev/cola"\n\n'
+        f'[[mounts]]\nhost_path = "{host}/share"\ncontainer_path = "/opt/cola"\n'
+    )
+    (service.device_dir / "cola-b").write_text('[envs]\nMODE = "slow"\n')
+    service.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    claim = allocated_claim(apiserver, "pair", ["cola-a", "cola-b"])
+    kubelet = FakeDraKubelet(str(service.root / "plugins" / DRIVER / "dra.sock"))
+    try:
+        outcome = kubelet.prepare([claim])
+        assert outcome.errors == {}, outcome.errors
+        cdi_ids = [i for d in outcome.devices[claim.uid] for i in d.cdi_device_ids]
+        script = (
+            'echo "devices $COLA_DEVICES"; echo "mode $MODE"; '
+            'echo "node $(stat -c "%F %t:%T" /dev/cola)"; echo "mount $(cat /opt/cola/hello)"'
+        )
+        result = image.run_with_cdi(service.root, service.root / "cdi", cdi_ids, script, PODMAN_TIMEOUT)
+        assert result.returncode == 0, f"podman exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+        assert seen == {
+            "devices": "cola-a,cola-b",
+            "mode": "fast,slow",
+            "node": "character special file 1:3",
+            "mount": "from the host",
+        }
+        assert kubelet.unprepare([claim]).errors == {}
+    finally:
+        kubelet.close()
