@@ -202,11 +202,19 @@ def test_slices_are_exact_again_after_an_api_server_outage(
 ) -> None:
     service.add("cola-a", "cola-b")
     service.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
     wait_published(apiserver, {"cola-a", "cola-b"})
+    claim = allocated_claim(apiserver, "during-outage", ["cola-b"])
     apiserver.stop()
     service.add("cola-c")
     service.remove("cola-a")
     service.wait_log("slices not published; retrying", timeout=WAIT)
+    kubelet = FakeDraKubelet(str(service.root / "plugins" / DRIVER / "dra.sock"))
+    try:  # the claim cannot be read: that claim's error, within the kubelet's deadline (the fake's timeout)
+        outcome = kubelet.prepare([claim])
+        assert outcome.failed == "" and set(outcome.errors) == {claim.uid}, outcome
+    finally:
+        kubelet.close()
     apiserver.start()
     wait_published(apiserver, {"cola-b", "cola-c"}, timeout=60)
 
@@ -355,5 +363,41 @@ def test_podman_resolves_a_claim_prepared_by_the_running_colad(
             "mount": "from the host",
         }
         assert kubelet.unprepare([claim]).errors == {}
+    finally:
+        kubelet.close()
+
+
+def test_each_claims_error_is_its_own_while_a_valid_claim_in_the_same_call_prepares(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a", "cola-b")
+    service.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    valid = allocated_claim(apiserver, "valid", ["cola-a"])
+    missing = Claim("default", "missing", "uid-of-nothing")
+    stale = Claim("default", "valid", "another-uid")  # the name of a claim, the UID of an earlier one
+    foreign = apiserver.add_claim(
+        {
+            "metadata": {"namespace": "default", "name": "foreign"},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "r", "driver": "other.example.com", "pool": NODE, "device": "x"}]
+                    }
+                }
+            },
+        }
+    )
+    other_driver = Claim("default", "foreign", foreign["metadata"]["uid"])
+    unpublished = allocated_claim(apiserver, "unpublished", ["cola-z"])
+    kubelet = FakeDraKubelet(str(service.root / "plugins" / DRIVER / "dra.sock"))
+    try:
+        outcome = kubelet.prepare([valid, missing, other_driver, unpublished])
+        assert outcome.failed == "" and kubelet.violations == []
+        assert set(outcome.errors) == {missing.uid, other_driver.uid, unpublished.uid}, outcome.errors
+        assert [d.device_name for d in outcome.devices[valid.uid]] == ["cola-a"]
+        mismatch = kubelet.prepare([stale])
+        assert set(mismatch.errors) == {stale.uid} and "has uid" in mismatch.errors[stale.uid], mismatch.errors
     finally:
         kubelet.close()
