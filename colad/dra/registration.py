@@ -214,6 +214,7 @@ class RegistrationService:
                 self._transition(RegistrationPhase.REGISTERED, "the kubelet registered the driver")
                 return
             self.refused += 1
+            self.metrics.dra_registration_refusals.labels(self.info.name).inc()
             self._refusals_in_a_row += 1
             delay = retry_delay(self._refusals_in_a_row)
             self.last_error, self.retry_at = status.error, self.clock() + delay

@@ -293,6 +293,12 @@ class Metrics:
             "verb",
             "code",
         )
+        self.dra_registration_refusals = _counter(
+            "colad_dra_registration_refusals",
+            "Registrations of the DRA driver the kubelet refused (NotifyRegistrationStatus registered=false); "
+            "each is retried after a back-off.",
+            "driver",
+        )
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -327,7 +333,7 @@ class Metrics:
             self.state_file_failures,
             self.effect_failures,
             self.thread_failures,
-        ) + ((self.dra_api_errors,) if self.dra else ())
+        ) + ((self.dra_api_errors, self.dra_registration_refusals) if self.dra else ())
 
     @property
     def bound(self) -> bool:
@@ -370,6 +376,7 @@ class Metrics:
             self.dra = True
             if self._registry is not None:
                 self.dra_api_errors.bind(self._registry)
+                self.dra_registration_refusals.bind(self._registry)
 
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""

@@ -54,7 +54,7 @@ class Node:
     clock: Clock
 
     def service(self) -> RegistrationService:
-        return RegistrationService(plugin_info(DRIVER, self.endpoint), self.socket, Metrics(), clock=self.clock)
+        return RegistrationService(plugin_info(DRIVER, self.endpoint), self.socket, Metrics(dra=True), clock=self.clock)
 
 
 @pytest.fixture
@@ -127,6 +127,8 @@ def test_a_refusal_is_counted_and_the_socket_made_anew_until_the_kubelet_registe
         kubelet.wait_registration()
         wait_until(lambda: service.phase is RegistrationPhase.REGISTERED, 5, "registered after the retry")
     assert service.refused >= 1 and service.registered == 1
+    counted = service.metrics.registry.get_sample_value("colad_dra_registration_refusals_total", {"driver": DRIVER})
+    assert counted == service.refused
 
 
 def test_a_removed_socket_is_made_anew_and_registered_again(

@@ -36,7 +36,8 @@ def test_api_server_errors_are_a_family_of_dra_mode_only() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     plain = Metrics(CollectorRegistry())
-    assert b"colad_dra_api_errors" not in generate_latest(plain.registry)
+    exposed = generate_latest(plain.registry)
+    assert b"colad_dra_api_errors" not in exposed and b"colad_dra_registration_refusals" not in exposed
     dra = Metrics(dra=True)
     dra.dra_api_errors.labels("create", "422").inc()  # before the registry is built: kept, then replayed
     assert dra.registry.get_sample_value("colad_dra_api_errors_total", {"verb": "create", "code": "422"}) == 1.0
