@@ -178,6 +178,38 @@ def test_every_method_of_the_service_is_served_through_the_boundary(
         assert getattr(behavior, rpc.WRAPPED) == f"{DEVICE_PLUGIN_SERVICE.full_name}/{method.name}"
 
 
+def server_problems(name: str, text: str) -> list[str]:
+    """How the module `name` serves gRPC around the boundary: a generated add_*Servicer_to_server, a status
+    set outside rpc.py, a server built with handlers given neither at its build nor later (a service's
+    add_to), or handlers added later that rpc.handlers did not make."""
+    found = []
+    if "Servicer_to_server(" in text:
+        found.append(f"{name}: a generated add_*Servicer_to_server")
+    if name != "rpc.py" and (".abort(" in text or "set_code(" in text):
+        found.append(f"{name}: a status set outside rpc.py")
+    for call in text.split("grpc.server(")[1:]:
+        built = call.split("\n\n")[0]
+        if "handlers=[" not in built and ".add_to(" not in built:
+            found.append(f"{name}: a server without rpc.handlers")
+    for call in text.split(".add_generic_rpc_handlers(")[1:]:
+        if "rpc.handlers(" not in call.split("\n\n")[0]:
+            found.append(f"{name}: handlers added that rpc.handlers did not make")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("server = grpc.server(pool)\nserver.start()\n", "a server without rpc.handlers"),
+        ("server.add_generic_rpc_handlers((generic,))\n", "handlers added that rpc.handlers did not make"),
+        ("pb_grpc.add_DevicePluginServicer_to_server(s, server)\n", "a generated add_*Servicer_to_server"),
+        ("context.abort(grpc.StatusCode.NOT_FOUND, 'x')\n", "a status set outside rpc.py"),
+    ],
+)
+def test_the_boundary_rule_reports_a_seeded_violation(text: str, problem: str) -> None:
+    assert server_problems("seed.py", text) == [f"seed.py: {problem}"]
+
+
 def test_no_grpc_server_in_colad_is_built_around_the_boundary() -> None:
     """Servers are built from rpc.handlers only, and only rpc.py turns an error into a status.
 
@@ -186,12 +218,7 @@ def test_no_grpc_server_in_colad_is_built_around_the_boundary() -> None:
     """
     package = Path(rpc.__file__).parents[1]  # the colad package
     for source in sorted(p for p in package.rglob("*.py") if p.parent.name != "api"):
-        text = source.read_text()
-        assert "Servicer_to_server(" not in text, source.name
-        if source.name != "rpc.py":
-            assert ".abort(" not in text and "set_code(" not in text, source.name
-        for call in text.split("grpc.server(")[1:]:
-            assert "handlers=[" in call.split("\n\n")[0], f"{source.name}: a server without rpc.handlers"
+        assert server_problems(source.name, source.read_text()) == []
     assert "rpc.handlers(" in (package / "deviceplugin" / "service.py").read_text()
     assert "rpc.handlers(" in (package / "cli" / "kubelet_sim.py").read_text()
 
