@@ -196,6 +196,10 @@ def test_a_burst_of_slow_prepares_leaves_allocate_a_worker(short_tmp: Path, kube
         for caller in callers:
             caller.start()
         wait_until(lambda: started.exists() and len(started.read_text().split()) >= 4, 20, "four prepares running")
+        # The calls beyond MAX_PRE_STARTS are answered at once; until then they hold gRPC's workers too.
+        refused = 16 - MAX_PRE_STARTS
+        wait_until(lambda: len(codes) >= refused or None, 10, "the calls beyond the limit refused")
+        assert "OK" not in codes, codes  # every prepare taken is still running: Allocate meets them
         for _ in range(5):
             response = kubelet.allocate([ids[19]], timeout=5)
             assert response["envs"]["COLA_DEVICES"] == ids[19], response
