@@ -280,6 +280,7 @@ def test_stop_tells_the_kubelet_the_devices_are_gone(short_tmp: Path, kubelet: F
     reg = kubelet.wait_registered()
     kubelet.wait_devices({"cocacola", "peisicola"})
     assert service.stop() == 0
+    wait_until(lambda: kubelet.live_streams() == 0, 30, "the kubelet saw the stream end")  # read on its own thread
     last = [u for u in kubelet.updates if u.endpoint == reg.endpoint][-1]
     assert last.devices == {}, "the last list before the stream ended is empty"
     assert kubelet.devices() == {}

@@ -126,6 +126,9 @@ def test_stop_withdraws_the_devices_and_removes_the_socket(short_tmp: Path) -> N
         r.plugin.stop()
         r.thread.join(15)
         assert r.result == [0]
+        # The fake reads the stream on its own thread: once it has seen the stream end, what it
+        # holds is final ({} if the empty list came first, all Unhealthy if it did not).
+        wait_until(lambda: r.kubelet.live_streams() == 0, DEADLINE, "the kubelet saw the stream end")
         assert r.held() == {}, "the kubelet was sent an empty list before the socket went"
         assert not socket_path.exists()
         assert r.plugin.snapshot.state.resources[0].state == "stopped"
