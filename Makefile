@@ -72,8 +72,8 @@ lint: setup
 
 # Regenerate the committed stubs from colad/api/*.proto, one protoc run per file: the device plugin
 # v1beta1 and PodResources v1 copies, and the upstream kubelet protos of plugin registration v1,
-# DRA v1 and v1beta1, and DRA health v1 (docs/DEVELOPING.md, "gRPC stubs", names their source).
-API_PROTOS := deviceplugin podresources pluginregistration dra_v1 dra_v1beta1 dra_health_v1
+# DRA v1 and v1beta1, and DRA health v1 and v1alpha1 (docs/DEVELOPING.md, "gRPC stubs", names their source).
+API_PROTOS := deviceplugin podresources pluginregistration dra_v1 dra_v1beta1 dra_health_v1 dra_health_v1alpha1
 stubs: $(PROTOC_VENV)/.installed
 	for proto in $(API_PROTOS); do \
 		$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \

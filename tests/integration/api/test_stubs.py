@@ -22,6 +22,7 @@ from google.protobuf.descriptor import FileDescriptor
 
 from colad.api import deviceplugin_pb2 as pb
 from colad.api import dra_health_v1_pb2 as healthpb
+from colad.api import dra_health_v1alpha1_pb2 as healthalphapb
 from colad.api import dra_v1_pb2 as drapb
 from colad.api import dra_v1beta1_pb2 as drabetapb
 from colad.api import pluginregistration_pb2 as regpb
@@ -31,7 +32,15 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATOR = ROOT / ".venv-protoc" / "bin" / "python"
-PROTOS = ("deviceplugin", "podresources", "pluginregistration", "dra_v1", "dra_v1beta1", "dra_health_v1")
+PROTOS = (
+    "deviceplugin",
+    "podresources",
+    "pluginregistration",
+    "dra_v1",
+    "dra_v1beta1",
+    "dra_health_v1",
+    "dra_health_v1alpha1",
+)
 STUBS = tuple(f"{proto}{suffix}" for proto in PROTOS for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
@@ -227,10 +236,16 @@ def test_dra_plugin_matches_upstream(file: FileDescriptor, package: str, share_i
     assert responses.message_type.GetOptions().map_entry
 
 
-# kubernetes/kubelet pkg/apis/dra-health/v1/api.proto: package "v1", as PodResources v1 is.
-def test_dra_health_matches_upstream() -> None:
-    assert healthpb.DESCRIPTOR.package == "v1"
-    assert messages(healthpb.DESCRIPTOR) == {
+# kubernetes/kubelet pkg/apis/dra-health/{v1,v1alpha1}/api.proto: the same messages in the packages "v1" (as
+# PodResources v1 is) and "v1alpha1"; the package makes the service name the kubelet dials.
+@pytest.mark.parametrize(
+    ("file", "package"),
+    [(healthpb.DESCRIPTOR, "v1"), (healthalphapb.DESCRIPTOR, "v1alpha1")],
+    ids=["v1", "v1alpha1"],
+)
+def test_dra_health_matches_upstream(file: FileDescriptor, package: str) -> None:
+    assert file.package == package
+    assert messages(file) == {
         "NodeWatchResourcesRequest": {},
         "DeviceIdentifier": {"pool_name": 1, "device_name": 2},
         "DeviceHealth": {
@@ -242,13 +257,13 @@ def test_dra_health_matches_upstream() -> None:
         },
         "NodeWatchResourcesResponse": {"devices": 1},
     }
-    assert {v.name: v.number for v in healthpb.DESCRIPTOR.enum_types_by_name["HealthStatus"].values} == {
+    assert {v.name: v.number for v in file.enum_types_by_name["HealthStatus"].values} == {
         "UNKNOWN": 0,
         "HEALTHY": 1,
         "UNHEALTHY": 2,
     }
-    assert services(healthpb.DESCRIPTOR) == {
-        "v1.DRAResourceHealth": {
+    assert services(file) == {
+        f"{package}.DRAResourceHealth": {
             "NodeWatchResources": ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", True)
         }
     }
