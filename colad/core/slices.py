@@ -69,6 +69,28 @@ def published_names(devices: DeviceSet) -> dict[str, str]:
     return device_names(d.device_id for d in devices if d.healthy)
 
 
+def reported_names(devices: DeviceSet) -> dict[str, str]:
+    """The device name of every ID in `devices`, as the DRA health stream reports them: a Healthy device
+    under its published name (published_names), an Unhealthy one under the name it had when published
+    with the Healthy ones (its ID when that is a DNS label, else the shortest free generated name), so a
+    claim allocated while it was Healthy still names it."""
+    names = published_names(devices)
+    taken = set(names.values())
+    for device in devices:
+        if device.healthy:
+            continue
+        name = ""
+        for length in _HASH_LENGTHS:
+            name = dra_device_name(device.device_id, length)
+            if name not in taken or name == device.device_id:
+                break
+        else:
+            name = dra_device_name(device.device_id + "\x00", _HASH_LENGTHS[-1])
+        names[device.device_id] = name
+        taken.add(name)
+    return names
+
+
 def pool_names(node_name: str, resource_names: Sequence[str]) -> dict[str, str]:
     """Each resource's pool: the node's name (the upstream convention for node-local devices) for a
     single resource; with several, "<node>/<label>", the label made from the resource name as a device

@@ -23,7 +23,9 @@ from colad.core.slices import (
     plan,
     pool,
     pool_names,
+    published_names,
     read_slice,
+    reported_names,
     slice_object,
 )
 
@@ -256,3 +258,23 @@ def test_the_generate_name_keeps_its_index_within_what_the_server_keeps() -> Non
     name = generate_name(3, DRIVER, "n" * 250)
     assert name.startswith("00003-") and len(name) <= 58 and name.endswith("-") and ".-" not in name
     assert read_slice({"metadata": {"name": name + "abcde"}}).index == 3
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        pytest.param(("cola-a", "cola-b", "cola-c"), id="dns-labels"),
+        pytest.param(("Cola_A", "cola_a", "x.y", "cola-a"), id="generated"),
+    ],
+)
+def test_reported_names_name_a_healthy_device_as_published_and_an_unhealthy_one_as_when_it_was_healthy(
+    ids: tuple[str, ...],
+) -> None:
+    for sick in ids:
+        now = DeviceSet.of(Device(i, UNHEALTHY if i == sick else HEALTHY) for i in ids)
+        before = DeviceSet.of(Device(i) for i in ids)
+        names = reported_names(now)
+        assert set(names) == set(ids)
+        assert {i: names[i] for i in ids if i != sick} == published_names(now)
+        assert names[sick] == published_names(before)[sick]
+        assert len(set(names.values())) == len(ids)
