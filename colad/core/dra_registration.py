@@ -21,6 +21,11 @@ DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 # package). The kubelet takes the first entry it knows, so the newest goes first (kubernetes/kubernetes
 # pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go validateSupportedServices).
 DRA_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# kubernetes/kubelet pkg/apis/dra-health/v1/types.go and v1alpha1/types.go DRAResourceHealthService: the
+# health stream's entries. A kubelet with pickHealthService (1.37) opens the stream only when one is
+# listed, the newest both sides know; a 1.36 kubelet opens it whatever is listed.
+DRA_HEALTH_SERVICES: Final = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+DRA_SUPPORTED_VERSIONS: Final = DRA_SERVICES + DRA_HEALTH_SERVICES
 # kubernetes/dynamic-resource-allocation kubeletplugin/draplugin.go: KubeletRegistryDir, KubeletPluginsDir,
 # the registration socket "<driver>-reg.sock" and the service socket "<plugins dir>/<driver>/dra.sock".
 KUBELET_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
@@ -51,8 +56,9 @@ class PluginInfo:
 
 
 def plugin_info(driver: str, endpoint: str) -> PluginInfo:
-    """What colad answers GetInfo with: a DRA plugin named after its driver, serving DRA v1 and v1beta1."""
-    return PluginInfo(DRA_PLUGIN_TYPE, driver, endpoint, DRA_SERVICES)
+    """What colad answers GetInfo with: a DRA plugin named after its driver, serving DRA v1 and v1beta1
+    and the health stream v1 and v1alpha1."""
+    return PluginInfo(DRA_PLUGIN_TYPE, driver, endpoint, DRA_SUPPORTED_VERSIONS)
 
 
 # After the kubelet refused a registration, the registration socket is made anew after this many seconds,

@@ -3,7 +3,8 @@
 Reads the Config (driver, node, sockets, kubeconfig) and the device sets the plugin receives from
 discovery; serves colad/dra/registration.py on <plugins_registry_dir>/<driver>-reg.sock and the DRA
 services (`dra_services`) on <plugins_dir>/<driver>/dra.sock, and hands every device set to
-colad/dra/publisher.py, whose threads do all API-server I/O (never the life-cycle or gRPC threads).
+colad/dra/publisher.py, whose threads do all API-server I/O (never the life-cycle or gRPC threads),
+and to the health stream's broadcast (colad/dra/health.py).
 The life-cycle thread (colad/plugin/main.py) calls start, publish, check and stop.
 """
 
@@ -20,6 +21,8 @@ from colad.config.config import Config
 from colad.core.devices import DeviceSet
 from colad.core.dra_registration import plugin_info
 from colad.core.errors import ColadError
+from colad.core.slices import pool_names
+from colad.dra.health import HealthBroadcast, HealthService
 from colad.dra.publisher import SlicePublisher
 from colad.dra.registration import STOP_GRACE, RegistrationService, ensure_dir
 from colad.dra.service import DraPluginService
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
 LOG = log.get(__name__)
 
 # The kubelet calls NodePrepareResources / NodeUnprepareResources once per pod and driver; a few pods
-# starting together, and the health stream the 1.36 kubelet opens, each hold a worker.
+# starting together, and the health stream the kubelet holds open (colad/dra/health.py), each hold a worker.
 DRA_WORKERS = 8
 WITHDRAW_TIMEOUT = 5.0  # a mode switch waits this long for the slices to be deleted
 
@@ -62,11 +65,12 @@ def dra_services(
     client: KubeClient,
     devices: Callable[[], Mapping[str, DeviceSet]],
     metrics: Metrics,
+    health: HealthBroadcast,
 ) -> tuple[Servable, ...]:
     """The services served on the DRA socket, each added to the server by its `add_to(server)`: the
-    DRAPlugin service (v1 and v1beta1). Its claim checkpoint lives beside the DRA socket, in the
-    plugin's own directory under plugins_dir, as upstream's helper keeps its data: it outlives a reboot,
-    so a claim prepared before one is unprepared after it."""
+    DRAPlugin service (v1 and v1beta1) and the health stream (v1 and v1alpha1). The claim checkpoint
+    lives beside the DRA socket, in the plugin's own directory under plugins_dir, as upstream's helper
+    keeps its data: it outlives a reboot, so a claim prepared before one is unprepared after it."""
     service = DraPluginService(
         driver=cfg.dra_driver_name,
         node_name=cfg.resolved_node_name,
@@ -78,7 +82,7 @@ def dra_services(
         metrics=metrics,
         trusted=cfg.trusted_uids,
     )
-    return (service,)
+    return service, HealthService(driver=cfg.dra_driver_name, broadcast=health, metrics=metrics)
 
 
 def build_dra_server(socket_path: str, services: tuple[Servable, ...]) -> grpc.Server:
@@ -131,6 +135,7 @@ class DraHost:
         self.publisher: SlicePublisher | None = None
         self.problem = ""  # why the API server or a socket is not served ("" none), said once per change
         self._devices: Mapping[str, DeviceSet] = {}  # replaced whole on each publish: read from gRPC threads
+        self.health = HealthBroadcast(pool_names(self.node_name, [r.name for r in cfg.resources]))
         self._published = False  # publish() was called: the publisher has something to keep
         self._server: grpc.Server | None = None
         self._services: tuple[Servable, ...] = ()
@@ -185,7 +190,7 @@ class DraHost:
             self._stop_plugin()
         services: tuple[Servable, ...] = ()
         try:
-            services = dra_services(self.cfg, self.client, self.devices, self.metrics)
+            services = dra_services(self.cfg, self.client, self.devices, self.metrics, self.health)
             server = build_dra_server(self.plugin_socket, services)
             server.start()
         except (ColadError, OSError, RuntimeError) as exc:
@@ -208,6 +213,7 @@ class DraHost:
         """The device sets of every resource served, as discovery last sent them; returns at once."""
         self._devices = dict(device_sets)
         self._published = True
+        self.health.update(self._devices)
         if self.publisher is not None:
             self.publisher.publish(self._devices)
 

@@ -19,7 +19,9 @@ import grpc
 import pytest
 
 from colad.core.dra_registration import (
+    DRA_HEALTH_SERVICES,
     DRA_SERVICES,
+    DRA_SUPPORTED_VERSIONS,
     RETRY_MAX,
     plugin_info,
     plugin_socket_path,
@@ -89,7 +91,7 @@ def test_the_kubelet_registers_the_driver(
     with FakePluginWatcher(node.registry, **FAST) as kubelet:
         registration = kubelet.wait_registration()
         assert (registration.type, registration.name, registration.endpoint) == ("DRAPlugin", DRIVER, node.endpoint)
-        assert registration.supported_versions == DRA_SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+        assert registration.supported_versions == DRA_SUPPORTED_VERSIONS == (*DRA_SERVICES, *DRA_HEALTH_SERVICES)
         assert registration.service == "v1.DRAPlugin"
         wait_until(lambda: service.phase is RegistrationPhase.REGISTERED, 5, "the service hears it was registered")
         kubelet.wait_usable(DRIVER)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from colad.api import dra_v1_pb2, dra_v1beta1_pb2
+from colad.api import dra_health_v1_pb2, dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2
 from colad.core.dra_registration import (
+    DRA_HEALTH_SERVICES,
     DRA_SERVICES,
     RETRY_FIRST,
     RETRY_MAX,
@@ -25,7 +26,7 @@ def test_get_info_names_a_dra_plugin_its_driver_its_endpoint_and_the_services_ne
         "DRAPlugin",
         "cola.myway5.com",
         "/var/lib/kubelet/plugins/cola.myway5.com/dra.sock",
-        ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+        ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"),
     )
 
 
@@ -34,6 +35,13 @@ def test_each_advertised_service_names_a_served_proto_service_by_its_last_two_pa
     services = [f.DESCRIPTOR.services_by_name["DRAPlugin"].full_name for f in (dra_v1_pb2, dra_v1beta1_pb2)]
     assert services == ["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"]
     assert [".".join(s.split(".")[-2:]) for s in services] == list(DRA_SERVICES)
+
+
+def test_each_advertised_health_service_is_the_full_name_of_a_served_proto_service() -> None:
+    """The health protos' packages are "v1" and "v1alpha1": the entry is the service's full name."""
+    files = (dra_health_v1_pb2, dra_health_v1alpha1_pb2)
+    services = [f.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name for f in files]
+    assert services == list(DRA_HEALTH_SERVICES)
 
 
 @pytest.mark.parametrize(
