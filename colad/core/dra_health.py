@@ -51,10 +51,6 @@ class ReportedHealth:
     healthy: bool
     message: str = ""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.pool, self.device
-
 
 def health_report(device_sets: Mapping[str, DeviceSet], pools: Mapping[str, str]) -> tuple[ReportedHealth, ...]:
     """Every device of every resource in `pools` (resource -> pool name), sorted: a complete list, as the
@@ -69,18 +65,3 @@ def health_report(device_sets: Mapping[str, DeviceSet], pools: Mapping[str, str]
             message = health_message(health_reason(device))
             report.append(ReportedHealth(pool, names[device.device_id], device.healthy, message))
     return tuple(sorted(report))
-
-
-Stamped = dict[tuple[str, str], tuple[ReportedHealth, int]]
-
-
-def stamp(
-    report: tuple[ReportedHealth, ...], before: Mapping[tuple[str, str], tuple[ReportedHealth, int]], now: int
-) -> Stamped:
-    """Each device of `report` with the Unix second its health was last determined: kept from `before`
-    while the device reads the same, `now` when it is new or changed."""
-    stamped: Stamped = {}
-    for entry in report:
-        known = before.get(entry.key)
-        stamped[entry.key] = (entry, known[1] if known is not None and known[0] == entry else now)
-    return stamped

@@ -12,13 +12,16 @@ Every breach of the contract is recorded in `violations`, and the call's result 
 the newest health service both sides know from what GetInfo advertised (pickHealthService, 1.37; a 1.36
 kubelet opens v1alpha1 whatever was advertised), opens NodeWatchResources, and opens it again 5 s after
 the stream ends (wait.UntilWithContext); Unimplemented ends it for good (1.37). On a stream's end it
-clears the driver's health cache. Each response must be the complete list of the driver's devices,
-each known, once, with a message of at most 1024 characters.
+clears the driver's health cache. Each device's entry is stamped with the time it was received, and
+reads Unknown once that is older than the health timeout (healthinfo.go getHealthInfo). Each response
+must be the complete list of the driver's devices, each known, once, with a message of at most 1024
+characters.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +151,7 @@ KUBELET_HEALTH_SERVICES = {
 HEALTH_REOPEN_PERIOD = 5.0  # dra_plugin_manager.go: wait.UntilWithContext(..., 5*time.Second)
 MAX_HEALTH_MESSAGE = 1024  # api.proto DeviceHealth.message
 HEALTH_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}  # HealthStatus, as the pod status words them
+HEALTH_TIMEOUT = 30.0  # healthinfo.go healthTimeout (DefaultHealthTimeout)
 
 
 def pick_health_service(advertised: Sequence[str]) -> str:
@@ -161,15 +165,15 @@ class HeldHealth:
 
     health: str  # Healthy, Unhealthy or Unknown
     message: str
-    last_updated_time: int
+    last_updated_time: int  # as the driver sent it (the kubelet stamps its own receive time)
 
 
 class FakeHealthWatcher:
     """The kubelet's NodeWatchResources client for one driver endpoint.
 
     `advertised` is GetInfo's supported_versions; `known` returns the (pool, device) pairs the driver
-    has published (a device reported that is not among them is a violation). `held()` is the health
-    cache as the kubelet holds it now; `responses` every response received, in order.
+    has published (a device reported that is not among them is a violation). `held()` is each
+    device's health as the kubelet reads it now; `responses` every response received, in order.
     """
 
     def __init__(
@@ -180,17 +184,19 @@ class FakeHealthWatcher:
         *,
         kubelet_136: bool = False,
         reopen_period: float = HEALTH_REOPEN_PERIOD,
+        health_timeout: float = HEALTH_TIMEOUT,
     ) -> None:
         self.service = "v1alpha1.DRAResourceHealth" if kubelet_136 else pick_health_service(advertised)
         self.terminal_unimplemented = not kubelet_136
         self.known = known
         self.reopen_period = reopen_period
+        self.health_timeout = health_timeout
         self.channel = grpc.insecure_channel("unix:" + endpoint)
         self.violations: list[str] = []
         self.errors: list[str] = []  # stream ends other than EOF, as the kubelet logs them
         self.responses: list[dict[tuple[str, str], HeldHealth]] = []
         self.opened = 0
-        self._held: dict[tuple[str, str], HeldHealth] = {}
+        self._held: dict[tuple[str, str], tuple[HeldHealth, float]] = {}  # with the receive time
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._call: Any = None
@@ -274,15 +280,24 @@ class FakeHealthWatcher:
         dropped = {key for key in before - entries.keys() if key in known}
         if dropped:
             problems.append(f"not a complete list: {sorted(dropped)} reported before and left out")
+        now = time.monotonic()
         with self._lock:
             self.violations.extend(problems)
             self.responses.append(dict(entries))
-            self._held.update(entries)
+            for key, (entry, at) in list(self._held.items()):  # updateHealthInfo: unreported and timed out
+                if key not in entries and entry.health != "Unknown" and now - at > self.health_timeout:
+                    self._held[key] = (HeldHealth("Unknown", entry.message, entry.last_updated_time), now)
+            self._held.update({key: (entry, now) for key, entry in entries.items()})
         return set(entries)
 
     def held(self) -> dict[tuple[str, str], HeldHealth]:
+        """getHealthInfo for each device in the cache: Unknown once its entry is older than the timeout."""
+        now = time.monotonic()
         with self._lock:
-            return dict(self._held)
+            return {
+                key: entry if now - at <= self.health_timeout else HeldHealth("Unknown", "", entry.last_updated_time)
+                for key, (entry, at) in self._held.items()
+            }
 
     def wait_held(self, key: tuple[str, str], health: str, timeout: float) -> HeldHealth:
         """Wait until the cache holds `key` with `health`; its entry."""

@@ -1,5 +1,6 @@
 """The DRA health stream over real gRPC on a Unix socket, read by the strict fake kubelet's health client:
-the complete list at once and on every change, both API versions, the stream's end and its limits."""
+the complete list at once, on every change and again before the kubelet's timeout, both API versions,
+the stream's end and its limits."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from colad.core.constants import UNHEALTHY
 from colad.core.devices import Device, DeviceSet
 from colad.core.dra_registration import DRA_SERVICES, DRA_SUPPORTED_VERSIONS
-from colad.dra.health import MAX_HEALTH_STREAMS, HealthBroadcast, HealthService
+from colad.dra.health import MAX_HEALTH_STREAMS, RESEND_PERIOD, HealthBroadcast, HealthService
 from colad.metrics.registry import Metrics
 from tests.fakes.dra_kubelet import FakeHealthWatcher, HeldHealth
 from tests.helpers import wait_until
@@ -29,10 +30,16 @@ MISSING = "host path /dev/cola-b is missing"
 
 
 class Served:
-    def __init__(self, socket: Path) -> None:
+    def __init__(self, socket: Path, resend_period: float = RESEND_PERIOD) -> None:
         self.socket = str(socket)
-        self.broadcast = HealthBroadcast({RESOURCE: NODE}, clock=lambda: 1_700_000_000.0)
-        self.service = HealthService(driver=DRIVER, broadcast=self.broadcast, metrics=Metrics(dra=True))
+        self.broadcast = HealthBroadcast({RESOURCE: NODE})
+        self.service = HealthService(
+            driver=DRIVER,
+            broadcast=self.broadcast,
+            metrics=Metrics(dra=True),
+            resend_period=resend_period,
+            clock=lambda: 1_700_000_000.0,
+        )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), maximum_concurrent_rpcs=4)
         self.service.add_to(self.server)
         assert self.server.add_insecure_port("unix:" + self.socket) != 0
@@ -50,8 +57,8 @@ class Served:
 
 
 @pytest.fixture
-def served(short_tmp: Path) -> Iterator[Served]:
-    s = Served(short_tmp / "dra.sock")
+def served(short_tmp: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    s = Served(short_tmp / "dra.sock", getattr(request, "param", RESEND_PERIOD))
     yield s
     s.stop()
 
@@ -86,6 +93,35 @@ def test_an_unchanged_set_sends_nothing(served: Served) -> None:
         served.publish(Device("cola-a", UNHEALTHY), Device("cola-b"))
         kubelet.wait_held((NODE, "cola-a"), "Unhealthy", WAIT)
         assert [r[(NODE, "cola-a")].health for r in kubelet.responses] == ["Healthy", "Unhealthy"]
+    finally:
+        kubelet.stop()
+
+
+@pytest.mark.parametrize("served", [0.1], indirect=True, ids=["resend-0.1s"])
+def test_an_unchanged_list_is_sent_again_so_the_kubelet_never_reads_it_stale(served: Served) -> None:
+    served.publish(Device("cola-a"), Device("cola-b", UNHEALTHY, reason=MISSING))
+    kubelet = served.watcher(health_timeout=5.0)
+    try:
+        wait_until(lambda: len(kubelet.responses) >= 5 or None, WAIT, "the list sent again, unchanged")
+        assert all(r == kubelet.responses[0] for r in kubelet.responses), kubelet.responses
+        assert {k: h.health for k, h in kubelet.held().items()} == {
+            (NODE, "cola-a"): "Healthy",
+            (NODE, "cola-b"): "Unhealthy",
+        }
+        assert kubelet.violations == [] and kubelet.opened == 1
+    finally:
+        kubelet.stop()
+
+
+def test_a_list_not_sent_again_within_the_kubelets_timeout_reads_unknown(served: Served) -> None:
+    """The fake kubelet's own rule, against the default resend period: what the resend is for."""
+    served.publish(Device("cola-a"))
+    kubelet = served.watcher(health_timeout=0.2)
+    try:
+        wait_until(lambda: kubelet.responses or None, WAIT, "the first list")
+        assert kubelet.responses[0][(NODE, "cola-a")].health == "Healthy"
+        kubelet.wait_held((NODE, "cola-a"), "Unknown", WAIT)
+        assert len(kubelet.responses) == 1  # RESEND_PERIOD has not passed
     finally:
         kubelet.stop()
 

@@ -14,7 +14,6 @@ from colad.core.dra_health import (
     health_message,
     health_reason,
     health_report,
-    stamp,
 )
 from colad.core.slices import pool_names
 
@@ -109,19 +108,9 @@ def test_a_long_reason_reaches_the_report_cut() -> None:
     assert entry.message == "x" * 1021 + ELLIPSIS
 
 
-def test_a_device_keeps_its_second_until_its_health_or_message_changes() -> None:
-    a, b = ReportedHealth(NODE, "a", True), ReportedHealth(NODE, "b", True)
-    first = stamp((a, b), {}, 100)
-    assert first == {a.key: (a, 100), b.key: (b, 100)}
-    sick = ReportedHealth(NODE, "b", False, "host path /x is missing")
-    second = stamp((a, sick), first, 160)
-    assert second == {a.key: (a, 100), b.key: (sick, 160)}
-    assert stamp((a,), second, 200) == {a.key: (a, 100)}  # a device gone is gone from the list
-
-
 @pytest.mark.parametrize("health", [HEALTHY, UNHEALTHY])
 def test_every_device_of_a_set_is_reported_once(health: str) -> None:
     sets = {COLA: DeviceSet.of(Device(f"cola{i:04d}", health) for i in range(300))}
     report = health_report(sets, {COLA: NODE})
-    assert len(report) == 300 == len({e.key for e in report})
+    assert len(report) == 300 == len({(e.pool, e.device) for e in report})
     assert all(e.healthy is (health == HEALTHY) for e in report)
