@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from colad.core.constants import SOCKET_RECORD_NAME
 from colad.outputs.socketpath import SocketRecord
 from tests import image
 from tests.fakes.apiserver import FakeApiServer, Pki
-from tests.fakes.dra_kubelet import Claim, FakeDraKubelet
+from tests.fakes.dra_kubelet import Claim, FakeDraKubelet, FakeHealthWatcher
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.pluginwatcher import FakePluginWatcher
 from tests.helpers import wait_until
@@ -159,6 +160,36 @@ def test_dra_mode_registers_and_keeps_the_slices_exact(
     )
     assert status.returncode == 0, status.stdout + status.stderr
     assert f"mode:       dra (driver {DRIVER}, registration registered" in status.stdout, status.stdout
+
+
+def test_the_kubelet_hears_a_device_turn_unhealthy_with_its_reason_and_healthy_again(
+    short_tmp: Path, service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    share = short_tmp / "host" / "share"
+    share.mkdir(parents=True)
+    service.device_dir.mkdir(parents=True, exist_ok=True)
+    (service.device_dir / "cola-a").write_text(f'[[mounts]]\nhost_path = "{share}"\ncontainer_path = "/opt/cola"\n')
+    service.add("cola-b")
+    service.start()
+    registration = watcher.wait_registration(timeout=WAIT)
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    known = {(NODE, "cola-a"), (NODE, "cola-b")}  # what the slices published: the kubelet's claims name these
+    health = FakeHealthWatcher(registration.endpoint, registration.supported_versions, lambda: known).start()
+    try:
+        assert health.service == "v1.DRAResourceHealth"
+        health.wait_held((NODE, "cola-a"), "Healthy", WAIT)
+        assert {k: h.health for k, h in health.held().items()} == {k: "Healthy" for k in known}
+        shutil.rmtree(share)
+        sick = health.wait_held((NODE, "cola-a"), "Unhealthy", WAIT)
+        assert str(share) in sick.message and "mounts[0]" in sick.message, sick
+        assert health.held()[(NODE, "cola-b")].health == "Healthy"
+        wait_published(apiserver, {"cola-b"})
+        share.mkdir()
+        assert health.wait_held((NODE, "cola-a"), "Healthy", WAIT).message == ""
+        assert all(set(r) == known for r in health.responses), health.responses  # complete lists only
+        assert health.violations == [] and health.errors == [] and health.opened == 1
+    finally:
+        health.stop()
 
 
 def test_three_hundred_devices_are_published_in_slices_of_at_most_128(
