@@ -290,6 +290,10 @@ class FakeHealthWatcher:
             self._held.update({key: (entry, now) for key, entry in entries.items()})
         return set(entries)
 
+    def watching(self) -> bool:
+        """Whether the kubelet still opens the stream (its wait.Until loop runs)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def held(self) -> dict[tuple[str, str], HeldHealth]:
         """getHealthInfo for each device in the cache: Unknown once its entry is older than the timeout."""
         now = time.monotonic()
