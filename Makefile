@@ -7,7 +7,8 @@ PROTOC_VENV := .venv-protoc
 # The stub generator is pinned: stubs from grpcio-tools 1.63+ fail on Debian
 # bookworm's grpcio 1.51.1 (see docs/DEVELOPING.md, "gRPC stubs").
 GRPCIO_TOOLS := grpcio-tools==1.62.3
-DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml jsonschema
+# cel-python: the tests evaluate the CEL of the shipped admission policy (tests/unit/packaging/test_dra_component.py).
+DEV_TOOLS := pytest ruff mypy kubernetes-validate==1.37.0 pyyaml jsonschema cel-python==0.5.0
 # Building the .deb (dh + pybuild), linting it, and the tests that verify the unit (systemd-analyze, man)
 # and boot the installed package in a fresh bookworm root (debootstrap, systemd-nspawn).
 DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-wheel \
@@ -34,7 +35,8 @@ deps:
 		apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# Makefile too: a tool added to DEV_TOOLS reaches an existing .venv at the next `make setup`.
+$(VENV)/.installed: setup.cfg pyproject.toml Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e . $(DEV_TOOLS)
 	touch $@

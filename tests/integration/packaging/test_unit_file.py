@@ -8,6 +8,7 @@ unmodified, installed unit is verified in the booted container by tests/e2e/test
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from colad.config.config import Config
 from tests.limits import plugin_fd_budget, task_budget
 
 pytestmark = pytest.mark.integration
@@ -85,13 +87,21 @@ def test_runs_supervise_and_restarts_on_failure() -> None:
     assert unit["WantedBy"] == ["multi-user.target"]
 
 
-def test_writes_only_to_the_kubelet_directory_the_cdi_directory_and_its_run_directory() -> None:
+def test_writes_only_to_the_kubelet_directories_the_cdi_directory_and_its_run_directory() -> None:
     unit = settings()
     assert unit["ProtectSystem"] == ["strict"]
+    # DRA mode's two: the registration socket's directory, and the driver's own one under the plugins
+    # directory (its DRA socket and checkpoint), as colad's defaults name them; not the whole plugins dir.
+    cfg = Config()
+    dra_dirs = [cfg.plugins_registry_dir, os.path.dirname(cfg.dra_plugin_socket)]
+    assert dra_dirs == ["/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/cola.myway5.com"]
     # '-': a missing directory must not fail the start with 226/NAMESPACE.
-    assert unit["ReadWritePaths"] == ["-/var/lib/kubelet/device-plugins", "-/run/cdi"]
-    # Both exist before the sandbox is set up for ExecStart (/run/cdi is a tmpfs, empty after a boot).
+    assert unit["ReadWritePaths"] == ["-/var/lib/kubelet/device-plugins", "-/run/cdi", *(f"-{d}" for d in dra_dirs)]
+    # They exist before the sandbox is set up for ExecStart (/run/cdi is a tmpfs, empty after a boot),
+    # in either mode: `colad reload` may switch to DRA mode in the sandbox set up at start.
     assert "+/bin/mkdir -p -m 0755 /run/cdi" in unit["ExecStartPre"]
+    assert f"+/bin/mkdir -p -m 0755 {dra_dirs[0]}" in unit["ExecStartPre"]
+    assert f"+/bin/mkdir -p -m 0700 {dra_dirs[1]}" in unit["ExecStartPre"]
     assert (unit["RuntimeDirectory"], unit["RuntimeDirectoryMode"]) == (["colad"], ["0700"])
     assert unit["ProtectHome"] == ["yes"] and unit["PrivateTmp"] == ["yes"]
     assert unit["CapabilityBoundingSet"] == [""] and unit["NoNewPrivileges"] == ["yes"]
