@@ -48,13 +48,11 @@ WITHDRAW_TIMEOUT = 5.0  # a mode switch waits this long for the slices to be del
 
 
 def kube_client(cfg: Config) -> KubeClient:
-    """The API server client: the kubeconfig's current context, else the pod's service account.
-    Raises KubeconfigError naming the file and the field."""
+    """The API server client: the kubeconfig's current context (read again when it is rewritten), else the
+    pod's service account. Raises KubeconfigError naming the file and the field."""
     if cfg.kubeconfig:
-        access = from_kubeconfig(cfg.kubeconfig)
-    else:
-        access = in_cluster(cfg.kube_service_host, cfg.kube_service_port)
-    return KubeClient(Credentials(access))
+        return KubeClient(Credentials(from_kubeconfig(cfg.kubeconfig), kubeconfig=cfg.kubeconfig))
+    return KubeClient(Credentials(in_cluster(cfg.kube_service_host, cfg.kube_service_port)))
 
 
 def dra_services(
