@@ -25,7 +25,7 @@ from colad.dra.registration import STOP_GRACE, RegistrationService, ensure_dir
 from colad.dra.service import DraPluginService
 from colad.kube.access import Credentials, from_kubeconfig, in_cluster
 from colad.kube.client import KubeClient
-from colad.metrics.registry import Metrics
+from colad.metrics.registry import DraState, Metrics
 from colad.outputs.socketpath import claim_socket_path
 from colad.runtime import log
 
@@ -134,6 +134,8 @@ class DraHost:
         self._services: tuple[Servable, ...] = ()
         self._server_identity: tuple[int, int] | None = None
         self._registering = False  # registration.start() was called: from then on its check() keeps it
+        metrics.add_driver(self.driver)
+        metrics.dra_state = self.state
 
     @property
     def phase(self) -> str:
@@ -142,6 +144,13 @@ class DraHost:
 
     def devices(self) -> Mapping[str, DeviceSet]:
         return self._devices
+
+    def state(self) -> DraState:
+        """Claims prepared and slices held now, for the metrics (read at scrape time, from its thread)."""
+        publisher, services = self.publisher, self._services
+        slices, current = publisher.held() if publisher is not None else (0, False)
+        prepared = sum(s.prepared() for s in services if isinstance(s, DraPluginService))
+        return DraState(self.driver, prepared, slices, current)
 
     def start(self) -> None:
         """Serve both sockets and start publishing; what fails is logged and tried again by check()."""
@@ -162,13 +171,14 @@ class DraHost:
         except ColadError as exc:
             self._say(f"API server: {exc}")
             return
-        family = self.metrics.dra_api_errors
+        family, writes = self.metrics.dra_api_errors, self.metrics.dra_slice_writes
         self.publisher = SlicePublisher(
             self.client,
             driver=self.driver,
             node_name=self.node_name,
             resource_names=[r.name for r in self.cfg.resources],
             count_error=lambda verb, code: family.labels(verb, code).inc(),
+            count_write=lambda verb: writes.labels(self.driver, verb).inc(),
         ).start()
         if self._published:
             self.publisher.publish(self._devices)
