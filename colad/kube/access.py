@@ -236,7 +236,7 @@ class Credentials:
     def refresh(self) -> None:
         """Read every file again on the next call: the server refused the credentials (401)."""
         with self._lock:
-            self._kubeconfig_stamp = None if self._kubeconfig else self._kubeconfig_stamp
+            self._kubeconfig_stamp = None
             self._tls_stamp = None
             self._token_stamp = None
 

@@ -242,6 +242,7 @@ class DraHost:
         else they stay for the kubelet's own wipe, as upstream's helper leaves them (docs/DEVELOPING.md)."""
         self.registration.stop("stop")
         self._registering = False
+        self.metrics.dra_state = lambda: None  # nothing served: no gauges (a switch back must not alert)
         self._stop_plugin()
         if self.publisher is not None:
             if withdraw:
