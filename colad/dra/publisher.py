@@ -19,7 +19,7 @@ from colad.core.backoff import Backoff
 from colad.core.devices import DeviceSet
 from colad.core.slices import Pool, SlicePlan, plan, pool, pool_names, read_slice, slice_object
 from colad.kube.client import KubeClient, WatchEvent, field_selector
-from colad.kube.errors import ApiError, Conflict, Expired, KubeError, NotFound
+from colad.kube.errors import ApiError, Conflict, Expired, KubeError, NotFound, error_code
 from colad.runtime import log
 from colad.runtime.log import EventLogger
 
@@ -33,11 +33,6 @@ RETRY: Final = Backoff(first=0.5, cap=30.0, jitter=0.5)
 WATCH_SECONDS: Final = 300  # the server ends a watch after this; it is opened again from the last version
 SHORT_WATCH: Final = 1.0  # a watch ending sooner with no event is followed by a pause, not a new watch at once
 STOP_JOIN: Final = 5.0
-UNREACHABLE: Final = "unreachable"  # the code counted for a call that got no answer
-
-
-def _code(exc: KubeError) -> str:
-    return str(exc.status) if isinstance(exc, ApiError) else UNREACHABLE
 
 
 class _Replan(Exception):
@@ -50,8 +45,9 @@ class SlicePublisher:
     start() runs it; publish() hands over new device sets and returns at once; withdraw() deletes the
     slices (mode switch, shutdown); stop() ends it. `count_error(verb, code)` is called for every
     failed call: verb one of list, watch, get, create, update, delete; code the HTTP status or
-    "unreachable". wait_converged() is for tests and shutdown: the API server held the last
-    publish() exactly when it returns True.
+    "unreachable"; `count_write(verb)` for every write the server accepted (create, update, delete).
+    wait_converged() is for tests and shutdown: the API server held the last publish() exactly when it
+    returns True; held() says the same without waiting, with the number of slices.
     """
 
     def __init__(
@@ -64,6 +60,7 @@ class SlicePublisher:
         node_uid: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         count_error: Callable[[str, str], None] = lambda verb, code: None,
+        count_write: Callable[[str], None] = lambda verb: None,
         logger: EventLogger = LOG,
         backoff: Backoff = RETRY,
         draw: Callable[[], float] = random.random,
@@ -78,6 +75,7 @@ class SlicePublisher:
         self._node_uid = node_uid  # None: read from the Node on the first write (its ownerReference)
         self._clock = clock
         self._count_error = count_error
+        self._count_write = count_write
         self._log = logger
         self._backoff = backoff
         self._draw = draw
@@ -98,6 +96,7 @@ class SlicePublisher:
         self._written: dict[str, str] = {}
         self._deleted: set[str] = set()
         self._threads: list[threading.Thread] = []
+        self._slices = 0  # guarded by _cond: this node's slices of the driver after the last sync
         # Held by the sync thread from a write's call until its answer is noted, and by the watch
         # thread while it tells an echo: _cond is never held across a call.
         self._writing = threading.Lock()
@@ -143,6 +142,12 @@ class SlicePublisher:
         change seen since: True, or False after `timeout` seconds."""
         with self._cond:
             return self._cond.wait_for(lambda: self._converged == self._generation and not self._dirty, timeout)
+
+    def held(self) -> tuple[int, bool]:
+        """This node's slices of the driver after the last sync, and whether the API server holds the
+        last publish() with no change pending (what wait_converged() waits for)."""
+        with self._cond:
+            return self._slices, self._converged == self._generation and not self._dirty
 
     def stop(self, timeout: float = STOP_JOIN) -> bool:
         """End both threads (the open watch is closed); True when they ended within `timeout`."""
@@ -222,7 +227,7 @@ class SlicePublisher:
         try:
             return call()
         except KubeError as exc:
-            self._count_error(verb, _code(exc))
+            self._count_error(verb, error_code(exc))
             raise
 
     def _pools(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> list[Pool]:
@@ -238,6 +243,8 @@ class SlicePublisher:
         todo = plan(self.driver, self.node_name, self._pools(wanted, withdrawn), existing)
         if todo:
             self._apply(todo)
+        with self._cond:
+            self._slices = len(existing) - len(todo.delete) + len(todo.create)
 
     def _owner_uid(self) -> str:
         """The Node's UID for the slices' ownerReference; "" (no owner) when the Node cannot be read."""
@@ -262,6 +269,7 @@ class SlicePublisher:
                         self._call("delete", delete)
                     except NotFound:
                         continue  # already gone: what the delete was for
+                    self._count_write("delete")
                     with self._cond:
                         self._deleted.add(gone.name)
                         self._written.pop(gone.name, None)
@@ -270,10 +278,12 @@ class SlicePublisher:
                 obj = slice_object(desired, self.driver, self.node_name, owner, held)
                 with self._writing:
                     self._note(self._call("update", partial(self.client.update_slice, obj)))
+                self._count_write("update")
             for desired in todo.create:
                 obj = slice_object(desired, self.driver, self.node_name, owner)
                 with self._writing:
                     self._note(self._call("create", partial(self.client.create_slice, obj)))
+                self._count_write("create")
         except (Conflict, NotFound) as exc:
             self._log.info("slices changed under a write; planning again", error=exc)
             raise _Replan from exc
@@ -357,7 +367,7 @@ class SlicePublisher:
                     self._log.debug("slice changed by another writer", event=event.type)
                     self._poke()
         except KubeError as exc:
-            self._count_error("watch", _code(exc))
+            self._count_error("watch", error_code(exc))
             raise
         finally:
             with self._cond:

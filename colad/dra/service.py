@@ -27,7 +27,7 @@ from colad.core.errors import AllocationError, ColadError
 from colad.core.slices import pool_names
 from colad.jobs import prestart
 from colad.kube.client import KubeClient
-from colad.kube.errors import KubeError, NotFound, Unreachable
+from colad.kube.errors import KubeError, NotFound, Unreachable, error_code
 from colad.metrics.registry import Metrics
 from colad.outputs import cdi
 from colad.runtime import files, log, rpc
@@ -89,6 +89,24 @@ class DraPluginService:
     def prepared(self) -> int:
         return len(self._claims)
 
+    def count(self, operation: str, failed: Sequence[bool], started: float) -> None:
+        """One answered call of `operation` (prepare, unprepare): each claim's result and the call's time."""
+        m = self.metrics
+        prepare = operation == "prepare"
+        claims_family = m.dra_prepares if prepare else m.dra_unprepares
+        duration = m.dra_prepare_duration if prepare else m.dra_unprepare_duration
+        for result, n in (("success", failed.count(False)), ("error", failed.count(True))):
+            if n:
+                claims_family.labels(self.driver, result).inc(n)
+        duration.labels(self.driver).observe(max(0.0, self.clock() - started))
+
+    def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
+        try:
+            return self.client.get_claim(ref.namespace, ref.name)
+        except KubeError as exc:
+            self.metrics.dra_api_errors.labels("get", error_code(exc)).inc()
+            raise
+
     # --- prepare -----------------------------------------------------------------------------------
 
     def prepare(self, refs: Sequence[ClaimRef], budget: float | None = None) -> dict[str, PreparedClaim | str]:
@@ -104,7 +122,7 @@ class DraPluginService:
             elif ref.uid in known and os.path.exists(self._spec_path(ref.uid)):
                 answers[ref.uid] = known[ref.uid]  # prepared before: the allocation of a uid never changes
             elif ref.uid not in reads:
-                reads[ref.uid] = self._readers.submit(self.client.get_claim, ref.namespace, ref.name)
+                reads[ref.uid] = self._readers.submit(self._read_claim, ref)
         # The slow part first, outside the lock: a claim that is not read in time is that claim's error.
         futures.wait(reads.values(), timeout=max(0.0, deadline - self.clock()))
         fetched: dict[str, dict[str, Any]] = {}
@@ -334,8 +352,9 @@ class _Servicer:
         self.service, self.pb = service, messages
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        remaining = context.time_remaining()
+        started, remaining = self.service.clock(), context.time_remaining()
         answers = self.service.prepare(_refs(request), None if remaining is None else remaining - 1.0)
+        self.service.count("prepare", [isinstance(a, str) for a in answers.values()], started)
         response = self.pb.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
             entry = response.claims[uid]
@@ -352,8 +371,9 @@ class _Servicer:
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        remaining = context.time_remaining()
+        started, remaining = self.service.clock(), context.time_remaining()
         answers = self.service.unprepare(_refs(request), None if remaining is None else remaining - 1.0)
+        self.service.count("unprepare", [bool(e) for e in answers.values()], started)
         response = self.pb.NodeUnprepareResourcesResponse()
         for uid, error in answers.items():
             response.claims[uid].error = error

@@ -2,7 +2,8 @@
 
 from_kubeconfig() and in_cluster() read where the server is and which credentials to present;
 Credentials turns them into a TLS context and a bearer token, reading the files again whenever they
-change on disk (a rotated service-account token, a renewed client certificate). Reads files only;
+change on disk (a rotated service-account token, a renewed client certificate, a rewritten kubeconfig)
+or the server refuses them. Reads files only;
 the caller passes every path and the in-cluster host and port (only colad/config reads the environment).
 """
 
@@ -12,17 +13,23 @@ import base64
 import json
 import os
 import ssl
+import threading
+import time
 from dataclasses import dataclass
 
 from colad.kube.errors import KubeconfigError
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # A credential file is small; a bigger one is refused rather than read into every call.
 MAX_CREDENTIAL_FILE = 1 << 20
+# A token file is read again at least this often even when its stat is unchanged (client-go's
+# cachingTokenSource: transport/token_source.go reads the file again once its token is a minute old).
+REREAD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -175,25 +182,75 @@ def _load_pem_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
 
 
 class Credentials:
-    """An Access made usable: the TLS context and the token, read again when their files change."""
+    """An Access made usable: the TLS context and the token, read again when their files change.
 
-    def __init__(self, access: Access) -> None:
-        self.access = access
+    Built from a kubeconfig (`kubeconfig` names it), the kubeconfig itself is read again when it is
+    rewritten or replaced, so a new server, CA, certificate or token in it is used from the next call.
+    A stat of each file per call notices a change; the token file is read again at least every
+    REREAD_SECONDS whatever its stat says, and every file after the server answered 401 (`refresh`),
+    as client-go's cachingTokenSource and tokenSourceTransport do. Safe to use from several threads.
+    """
+
+    def __init__(
+        self,
+        access: Access,
+        *,
+        kubeconfig: str = "",
+        context: str = "",
+        allow_insecure: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kubeconfig, self._context, self._allow_insecure = kubeconfig, context, allow_insecure
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kubeconfig_stamp: tuple[int, int, int, int] | None = None  # read again on the first call
+        self._use(access)
+
+    def _use(self, access: Access) -> None:
+        self._access = access
         self._files = tuple(f for f in (access.ca_file, access.cert_file, access.key_file) if f)
         self._tls_stamp: tuple[tuple[int, int, int, int], ...] | None = None
-        self._context: ssl.SSLContext | None = None
+        self._context_built: ssl.SSLContext | None = None
         self._token_stamp: tuple[int, int, int, int] | None = None
+        self._token_read_at = 0.0
         self._token = access.token
 
+    @property
+    def access(self) -> Access:
+        """The access in use: the kubeconfig's current content when built from one."""
+        with self._lock:
+            return self._current()
+
+    def _current(self) -> Access:
+        if self._kubeconfig:
+            stamp = _stamp(self._kubeconfig)
+            if stamp != self._kubeconfig_stamp:
+                # A kubeconfig that cannot be used now (half written in place) raises for this call, and
+                # is read again on the next, as its stamp is kept only once it is read.
+                access = from_kubeconfig(self._kubeconfig, context=self._context, allow_insecure=self._allow_insecure)
+                self._kubeconfig_stamp = stamp
+                if access != self._access:
+                    self._use(access)
+        return self._access
+
+    def refresh(self) -> None:
+        """Read every file again on the next call: the server refused the credentials (401)."""
+        with self._lock:
+            self._kubeconfig_stamp = None
+            self._tls_stamp = None
+            self._token_stamp = None
+
     def ssl_context(self) -> ssl.SSLContext:
-        stamp = tuple(_stamp(f) for f in self._files)
-        if self._context is None or stamp != self._tls_stamp:
-            self._context = self._build()
-            self._tls_stamp = stamp
-        return self._context
+        with self._lock:
+            self._current()
+            stamp = tuple(_stamp(f) for f in self._files)
+            if self._context_built is None or stamp != self._tls_stamp:
+                self._context_built = self._build()
+                self._tls_stamp = stamp
+            return self._context_built
 
     def _build(self) -> ssl.SSLContext:
-        a = self.access
+        a = self._access
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         if a.insecure:
             context.check_hostname = False
@@ -215,10 +272,13 @@ class Credentials:
 
     def token(self) -> str:
         """The bearer token: the file's current content (stripped) when the access names a file."""
-        path = self.access.token_file
-        if path:
-            stamp = _stamp(path)
-            if stamp != self._token_stamp:
-                self._token = _read(path, "token file").decode("utf-8", "replace").strip()
-                self._token_stamp = stamp
-        return self._token
+        with self._lock:
+            path = self._current().token_file
+            if path:
+                stamp = _stamp(path)
+                now = self._clock()
+                if stamp != self._token_stamp or now - self._token_read_at >= REREAD_SECONDS:
+                    self._token = _read(path, "token file").decode("utf-8", "replace").strip()
+                    self._token_stamp = stamp
+                    self._token_read_at = now
+            return self._token

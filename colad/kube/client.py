@@ -129,10 +129,6 @@ class KubeClient:
         user_agent: str = "colad",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        url = urlsplit(credentials.access.server)
-        self._host = url.hostname or ""
-        self._port = url.port or 443
-        self._prefix = url.path.rstrip("/")
         self.credentials = credentials
         self.timeout = timeout
         self._user_agent = user_agent
@@ -141,9 +137,21 @@ class KubeClient:
     # --- the transport -------------------------------------------------------------------------
 
     def _connect(self, deadline: float) -> _Connection:
+        """A connection to the server the credentials name now (a rewritten kubeconfig may move it)."""
         context = self.credentials.ssl_context()
-        server_name = self.credentials.access.tls_server_name or self._host
-        return _Connection(self._host, self._port, server_name, deadline, self._clock, context=context)
+        access = self.credentials.access
+        url = urlsplit(access.server)
+        host = url.hostname or ""
+        connection = _Connection(
+            host, url.port or 443, access.tls_server_name or host, deadline, self._clock, context=context
+        )
+        connection.prefix = url.path.rstrip("/")
+        return connection
+
+    def _refused(self, status: int) -> None:
+        """A 401: the credentials were rotated under us or revoked; the next call reads them again."""
+        if status == 401:
+            self.credentials.refresh()
 
     def _send(self, connection: _Connection, method: str, path: str, body: object) -> http.client.HTTPResponse:
         headers = {"Accept": "application/json", "User-Agent": self._user_agent}
@@ -154,7 +162,7 @@ class KubeClient:
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
             headers["Content-Type"] = "application/json"
-        connection.request(method, self._prefix + path, body=data, headers=headers)
+        connection.request(method, connection.prefix + path, body=data, headers=headers)
         return connection.getresponse()
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None, body: object = None) -> Any:
@@ -188,6 +196,7 @@ class KubeClient:
             connection.close()
         data = b"".join(chunks)
         if response.status >= 300:
+            self._refused(response.status)
             raise _error(response.status, data)
         try:
             return json.loads(data) if data else {}
@@ -240,6 +249,7 @@ class KubeClient:
         try:
             response = self._send(connection, "GET", path, None)
             if response.status >= 300:
+                self._refused(response.status)
                 raise _error(response.status, response.read(MAX_BODY))
         except ssl.SSLCertVerificationError as exc:
             connection.close()
@@ -274,6 +284,7 @@ class _Connection(http.client.HTTPSConnection):
         self, host: str, port: int, server_name: str, deadline: float, clock: Callable[[], float], **kwargs: Any
     ) -> None:
         super().__init__(host, port, timeout=max(deadline - clock(), 0.001), **kwargs)
+        self.prefix = ""  # the server URL's path, before every request's
         self._server_name = server_name
         self._deadline = deadline
         self._clock_of = clock

@@ -42,3 +42,11 @@ class NotFound(ApiError):
 
 class Expired(ApiError):
     """410: the resourceVersion a list or watch started from is too old; list again."""
+
+
+UNREACHABLE = "unreachable"  # the code counted for a call that got no answer
+
+
+def error_code(exc: KubeError) -> str:
+    """What a failed call is counted as (colad_dra_api_errors_total's `code`): the HTTP status, or unreachable."""
+    return str(exc.status) if isinstance(exc, ApiError) else UNREACHABLE

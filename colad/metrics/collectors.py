@@ -4,13 +4,14 @@
 messages, the plugin's own queue and input counters, and every colad process'
 figures (prometheus_client's ProcessCollector, labelled by role).
 `StateCollector`: the current-state gauges from the plugin's published snapshot;
-`InUseCollector`: the in-use view podresources.py publishes.
+`InUseCollector`: the in-use view podresources.py publishes; `DraCollector`: DRA mode's claims and slices.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -202,6 +203,48 @@ class StateCollector:
             size.add_metric([r.name], r.cut.size)
             dropped.add_metric([r.name], r.cut.dropped)
         yield from (devices, streams, registered, last, size, dropped)
+
+
+class DraView(Protocol):
+    """What DraCollector reads (colad/metrics/registry.py's DraState)."""
+
+    @property
+    def driver(self) -> str: ...
+    @property
+    def prepared_claims(self) -> int: ...
+    @property
+    def slices(self) -> int: ...
+    @property
+    def slices_current(self) -> bool: ...
+
+
+class DraCollector:
+    """DRA mode's current-state gauges, read at scrape time from what the DRA host holds (None: nothing
+    served yet, so no samples)."""
+
+    def __init__(self, snapshot: Callable[[], DraView | None]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.snapshot()
+        prepared = GaugeMetricFamily(
+            "colad_dra_prepared_claims", "Claims prepared now (DRA mode), by driver.", labels=["driver"]
+        )
+        slices = GaugeMetricFamily(
+            "colad_dra_slices",
+            "This node's ResourceSlices of the driver at the API server, as last synced (DRA mode).",
+            labels=["driver"],
+        )
+        current = GaugeMetricFamily(
+            "colad_dra_slices_current",
+            "1 while the API server holds the device sets last published and no change is pending (DRA mode), else 0.",
+            labels=["driver"],
+        )
+        if view is not None:
+            prepared.add_metric([view.driver], view.prepared_claims)
+            slices.add_metric([view.driver], view.slices)
+            current.add_metric([view.driver], 1 if view.slices_current else 0)
+        yield from (prepared, slices, current)
 
 
 class InUseCollector:

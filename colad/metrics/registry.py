@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 LOG = log.get(__name__)
-__all__ = ["Family", "Metrics", "Peers", "parse_address"]
+__all__ = ["DraState", "Family", "Metrics", "Peers", "parse_address"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SERVER_RESTART_REASONS = (
@@ -56,12 +56,27 @@ HTTP_REFUSAL_REASONS = (
     "source_cap",
 )
 EFFECT_NAMES = tuple(effect_name(effect) for effect in EFFECTS)  # every effect the registration can ask for
+# DRA mode: a claim's outcome (its error is logged with the claim), the slice writes the API server took,
+# and the time to answer the kubelet, who gives each call 45 s.
+DRA_RESULTS = ("success", "error")
+SLICE_WRITE_VERBS = ("create", "update", "delete")
+DRA_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 45.0)
 
 
 def parse_address(address: str) -> tuple[str, int]:
     """host:port or [v6]:port of the metrics endpoint (config checks and httpserver.py)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class DraState:
+    """What the DRA driver holds now, read at scrape time (collectors.DraCollector): no claim names."""
+
+    driver: str
+    prepared_claims: int = 0  # claims prepared now (in the checkpoint)
+    slices: int = 0  # this node's ResourceSlices of the driver at the API server, as last synced
+    slices_current: bool = False  # the API server holds the last device sets published, nothing pending
 
 
 @dataclass
@@ -299,6 +314,42 @@ class Metrics:
             "each is retried after a back-off.",
             "driver",
         )
+        self.dra_prepares = _counter(
+            "colad_dra_prepare_claims",
+            "Claims NodePrepareResources was asked to prepare (DRA mode), by driver and result (success, error: "
+            "the claim's error is logged with it).",
+            "driver",
+            "result",
+        )
+        self.dra_unprepares = _counter(
+            "colad_dra_unprepare_claims",
+            "Claims NodeUnprepareResources was asked to unprepare (DRA mode), by driver and result (success, error).",
+            "driver",
+            "result",
+        )
+        self.dra_prepare_duration = Family(
+            "histogram",
+            "colad_dra_prepare_duration_seconds",
+            "Time to answer NodePrepareResources (DRA mode), by driver.",
+            ("driver",),
+            DRA_LATENCY_BUCKETS,
+        )
+        self.dra_unprepare_duration = Family(
+            "histogram",
+            "colad_dra_unprepare_duration_seconds",
+            "Time to answer NodeUnprepareResources (DRA mode), by driver.",
+            ("driver",),
+            DRA_LATENCY_BUCKETS,
+        )
+        self.dra_slice_writes = _counter(
+            "colad_dra_slice_writes",
+            "Writes of this node's ResourceSlices the API server accepted (DRA mode), by driver and verb "
+            "(create, update, delete).",
+            "driver",
+            "verb",
+        )
+        # DRA mode's current state: the DRA host points it at its own (None: nothing served yet).
+        self.dra_state: Callable[[], DraState | None] = lambda: None
         # The label values colad created where they are open-ended, so their series can be removed
         # without reading the library's private tables. Written from the gRPC and in-use threads.
         self._lock = threading.Lock()
@@ -333,7 +384,19 @@ class Metrics:
             self.state_file_failures,
             self.effect_failures,
             self.thread_failures,
-        ) + ((self.dra_api_errors, self.dra_registration_refusals) if self.dra else ())
+        ) + (self.dra_families() if self.dra else ())
+
+    def dra_families(self) -> tuple[Family, ...]:
+        """The families served in DRA mode only (device-plugin mode's output stays as it is)."""
+        return (
+            self.dra_api_errors,
+            self.dra_registration_refusals,
+            self.dra_prepares,
+            self.dra_unprepares,
+            self.dra_prepare_duration,
+            self.dra_unprepare_duration,
+            self.dra_slice_writes,
+        )
 
     @property
     def bound(self) -> bool:
@@ -358,6 +421,8 @@ class Metrics:
             r.register(collectors.InUseCollector(lambda: self.in_use(), self.per_device))
             for family in self.families():
                 family.bind(r)
+            if self.dra:
+                r.register(collectors.DraCollector(lambda: self.dra_state()))
             Info("colad_build", "colad build and runtime versions.", registry=r).info(_versions())
             own = lambda: dict(self.queue_events)  # noqa: E731
             r.register(collectors.PeerCollector(self.peers.snapshot, own, lambda: dict(self.input_rejected)))
@@ -375,8 +440,22 @@ class Metrics:
                 return
             self.dra = True
             if self._registry is not None:
-                self.dra_api_errors.bind(self._registry)
-                self.dra_registration_refusals.bind(self._registry)
+                from colad.metrics import collectors
+
+                for family in self.dra_families():
+                    family.bind(self._registry)
+                self._registry.register(collectors.DraCollector(lambda: self.dra_state()))
+
+    def add_driver(self, driver: str) -> None:
+        """Create every series of a DRA driver at zero, so dashboards and alerts see it from the start."""
+        self.dra_registration_refusals.labels(driver)
+        for result in DRA_RESULTS:
+            self.dra_prepares.labels(driver, result)
+            self.dra_unprepares.labels(driver, result)
+        for verb in SLICE_WRITE_VERBS:
+            self.dra_slice_writes.labels(driver, verb)
+        self.dra_prepare_duration.labels(driver)
+        self.dra_unprepare_duration.labels(driver)
 
     def add_resource(self, resource: str) -> None:
         """Create every series of a resource at zero, so dashboards and alerts see it from the start."""

@@ -28,7 +28,7 @@ from colad.dra.registration import STOP_GRACE, RegistrationService, ensure_dir
 from colad.dra.service import DraPluginService
 from colad.kube.access import Credentials, from_kubeconfig, in_cluster
 from colad.kube.client import KubeClient
-from colad.metrics.registry import Metrics
+from colad.metrics.registry import DraState, Metrics
 from colad.outputs.socketpath import claim_socket_path
 from colad.runtime import log
 
@@ -51,13 +51,11 @@ WITHDRAW_TIMEOUT = 5.0  # a mode switch waits this long for the slices to be del
 
 
 def kube_client(cfg: Config) -> KubeClient:
-    """The API server client: the kubeconfig's current context, else the pod's service account.
-    Raises KubeconfigError naming the file and the field."""
+    """The API server client: the kubeconfig's current context (read again when it is rewritten), else the
+    pod's service account. Raises KubeconfigError naming the file and the field."""
     if cfg.kubeconfig:
-        access = from_kubeconfig(cfg.kubeconfig)
-    else:
-        access = in_cluster(cfg.kube_service_host, cfg.kube_service_port)
-    return KubeClient(Credentials(access))
+        return KubeClient(Credentials(from_kubeconfig(cfg.kubeconfig), kubeconfig=cfg.kubeconfig))
+    return KubeClient(Credentials(in_cluster(cfg.kube_service_host, cfg.kube_service_port)))
 
 
 def dra_services(
@@ -141,6 +139,8 @@ class DraHost:
         self._services: tuple[Servable, ...] = ()
         self._server_identity: tuple[int, int] | None = None
         self._registering = False  # registration.start() was called: from then on its check() keeps it
+        metrics.add_driver(self.driver)
+        metrics.dra_state = self.state
 
     @property
     def phase(self) -> str:
@@ -149,6 +149,13 @@ class DraHost:
 
     def devices(self) -> Mapping[str, DeviceSet]:
         return self._devices
+
+    def state(self) -> DraState:
+        """Claims prepared and slices held now, for the metrics (read at scrape time, from its thread)."""
+        publisher, services = self.publisher, self._services
+        slices, current = publisher.held() if publisher is not None else (0, False)
+        prepared = sum(s.prepared() for s in services if isinstance(s, DraPluginService))
+        return DraState(self.driver, prepared, slices, current)
 
     def start(self) -> None:
         """Serve both sockets and start publishing; what fails is logged and tried again by check()."""
@@ -169,13 +176,14 @@ class DraHost:
         except ColadError as exc:
             self._say(f"API server: {exc}")
             return
-        family = self.metrics.dra_api_errors
+        family, writes = self.metrics.dra_api_errors, self.metrics.dra_slice_writes
         self.publisher = SlicePublisher(
             self.client,
             driver=self.driver,
             node_name=self.node_name,
             resource_names=[r.name for r in self.cfg.resources],
             count_error=lambda verb, code: family.labels(verb, code).inc(),
+            count_write=lambda verb: writes.labels(self.driver, verb).inc(),
         ).start()
         if self._published:
             self.publisher.publish(self._devices)
@@ -240,6 +248,7 @@ class DraHost:
         else they stay for the kubelet's own wipe, as upstream's helper leaves them (docs/DEVELOPING.md)."""
         self.registration.stop("stop")
         self._registering = False
+        self.metrics.dra_state = lambda: None  # nothing served: no gauges (a switch back must not alert)
         self._stop_plugin()
         if self.publisher is not None:
             if withdraw:

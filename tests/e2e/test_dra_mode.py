@@ -3,7 +3,8 @@
 The plugin process reads a kubeconfig naming the fake's HTTPS URL, its CA and a token; it registers with
 the plugin watcher, keeps this node's ResourceSlices exact as device files come, go and turn Unhealthy,
 survives a kubelet restart (slices wiped) and an API-server outage, and never touches kubelet_dir.
-A reload switches between the modes, withdrawing the side no longer served.
+A reload switches between the modes, withdrawing the side no longer served. A kubeconfig rewritten with a
+new token is used without a restart; /metrics shows the driver's claims, latency and slices.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from colad.core.constants import SOCKET_RECORD_NAME
 from colad.outputs.socketpath import SocketRecord
@@ -27,7 +29,7 @@ from tests.fakes.apiserver import FakeApiServer, Pki
 from tests.fakes.dra_kubelet import Claim, FakeDraKubelet, FakeHealthWatcher
 from tests.fakes.kubelet import FakeKubelet
 from tests.fakes.pluginwatcher import FakePluginWatcher
-from tests.helpers import wait_until
+from tests.helpers import http_get, metrics_address, wait_until
 from tests.service import ColadService
 
 pytestmark = pytest.mark.e2e
@@ -432,3 +434,55 @@ def test_each_claims_error_is_its_own_while_a_valid_claim_in_the_same_call_prepa
         assert set(mismatch.errors) == {stale.uid} and "has uid" in mismatch.errors[stale.uid], mismatch.errors
     finally:
         kubelet.close()
+    # What an operator scrapes: the claims by result, the latency, what is prepared and published, and the
+    # claim read the API server answered 404, without a claim's name or uid in any label.
+    address = metrics_address(service.run_dir)
+    driver = {"driver": DRIVER}
+
+    def sample(name: str, labels: dict[str, str]) -> float | None:
+        for family in text_string_to_metric_families(http_get(f"http://{address}/metrics")[1]):
+            for s in family.samples:
+                if s.name == name and s.labels == labels:
+                    return float(s.value)
+        return None
+
+    wait_until(lambda: sample("colad_dra_slices_current", driver) == 1 or None, WAIT, "the slices current")
+    assert sample("colad_dra_prepare_claims_total", {**driver, "result": "success"}) == 1
+    assert sample("colad_dra_prepare_claims_total", {**driver, "result": "error"}) == 4
+    assert sample("colad_dra_prepare_duration_seconds_count", driver) == 2
+    assert sample("colad_dra_prepared_claims", driver) == 1
+    assert sample("colad_dra_slices", driver) == 1
+    assert (sample("colad_dra_slice_writes_total", {**driver, "verb": "create"}) or 0) >= 1
+    assert sample("colad_dra_api_errors_total", {"verb": "get", "code": "404"}) == 1
+    exposed = http_get(f"http://{address}/metrics")[1]
+    for claim in (valid, missing, stale, other_driver, unpublished):
+        assert f'"{claim.name}"' not in exposed and f'"{claim.uid}"' not in exposed
+
+
+def test_a_rotated_kubeconfig_token_is_used_without_a_restart(
+    short_tmp: Path, service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    service.add("cola-a")
+    service.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    wait_published(apiserver, {"cola-a"})
+    pid = service.pids()["plugin"]
+    kubeconfig = Path(service.env["COLAD_KUBECONFIG"])
+    doc = json.loads(kubeconfig.read_text())
+    doc["users"][0]["user"]["token"] = "rotated-token"
+    fresh = kubeconfig.with_name("kubeconfig.new")
+    fresh.write_text(json.dumps(doc))
+    apiserver.tokens = {TOKEN, "rotated-token"}
+    os.replace(fresh, kubeconfig)
+    service.add("cola-b")
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    with apiserver.lock:
+        apiserver.tokens = {"rotated-token"}  # the old token expires: the server refuses it from now on
+        seen = len(apiserver.identities)
+    service.add("cola-c")
+    wait_published(apiserver, {"cola-a", "cola-b", "cola-c"})
+    assert service.pids()["plugin"] == pid, "the plugin was restarted"
+    with apiserver.lock:
+        since = set(apiserver.identities[seen:])
+        refused = [r for r in apiserver.requests if r[2] == 401]
+    assert since == {"token:rotated-token"} and refused == [], (since, refused)

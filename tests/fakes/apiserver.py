@@ -8,7 +8,7 @@ watch (chunked JSON events: the current state first when no resourceVersion is g
 it; bookmarks; 410 once compacted). ResourceClaims and
 Nodes: get. What upstream validation refuses is 422 with a Status body; a request without a valid
 token or client certificate is 401. It can go down and come back on the same port, hang, and wipe a
-node's slices as the kubelet does at its start. Every request is recorded.
+node's slices as the kubelet does at its start. Every request is recorded, and who it came from.
 """
 
 from __future__ import annotations
@@ -280,6 +280,9 @@ class FakeApiServer:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, int]] = []  # method, path with query, status
+        # Who each authenticated request came from, as the apiserver's union authenticator decides it:
+        # a client certificate first ("x509:<CN>"), then a bearer token ("token:<token>").
+        self.identities: list[str] = []
         self.events: list[tuple[int, int, str, dict[str, Any]]] = []  # sequence, resourceVersion, type, slice
         self._seq = itertools.count(1)
         self.history = history
@@ -527,10 +530,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake.requests.append((self.command, self.path, code))
 
     def _authenticated(self) -> bool:
+        """A client certificate (verified against the CA by the TLS layer), else a bearer token the fake
+        holds now: a token taken out of `tokens` (rotated, revoked) is 401 from the next request on."""
+        peer = self.connection.getpeercert()
         header = self.headers.get("Authorization", "")
-        if header.startswith("Bearer ") and header[len("Bearer ") :] in self.fake.tokens:
-            return True
-        return bool(self.connection.getpeercert())  # verified against the CA by the TLS layer
+        if peer:
+            subject = dict(item[0] for item in peer.get("subject", ()))
+            identity = f"x509:{subject.get('commonName', '')}"
+        elif header.startswith("Bearer ") and header[len("Bearer ") :] in self.fake.tokens:
+            identity = f"token:{header[len('Bearer ') :]}"
+        else:
+            return False
+        with self.fake.lock:
+            self.fake.identities.append(identity)
+        return True
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)

@@ -73,6 +73,7 @@ class Plugin:
         self.devices: dict[str, DeviceSet] = {RESOURCE: device_set()}
         self.server: grpc.Server | None = None
         self.service: DraPluginService | None = None
+        self.metrics = Metrics(dra=True)
         self.start()
 
     def start(self) -> None:
@@ -88,7 +89,7 @@ class Plugin:
             devices=lambda: self.devices,
             cdi_spec_dir=str(self.spec_dir),
             state_dir=str(self.state_dir),
-            metrics=Metrics(),
+            metrics=self.metrics,
             call_timeout=self.call_timeout,
         )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -225,6 +226,28 @@ def test_each_claim_error_is_its_own_while_a_valid_claim_prepares(
     assert "not published by this node" in errors[unhealthy.uid]  # an Unhealthy device is in no slice
     assert "not in a pool of this node" in errors[elsewhere.uid]
     assert plugin.specs() == [claims.claim_spec_file(DRIVER, good.uid)]
+
+
+def test_claims_are_counted_by_result_and_each_call_timed_without_claim_names(
+    plugin: Plugin, fake: FakeApiServer, kubelet: FakeDraKubelet
+) -> None:
+    good = two_device_claim(fake)
+    missing = Claim(NS, "missing", "0c1a9999-missing")
+    kubelet.prepare([good, missing])
+    kubelet.unprepare([good])
+    value = plugin.metrics.registry.get_sample_value
+    driver = {"driver": DRIVER}
+    assert value("colad_dra_prepare_claims_total", {**driver, "result": "success"}) == 1
+    assert value("colad_dra_prepare_claims_total", {**driver, "result": "error"}) == 1
+    assert value("colad_dra_unprepare_claims_total", {**driver, "result": "success"}) == 1
+    assert value("colad_dra_prepare_duration_seconds_count", driver) == 1
+    assert value("colad_dra_unprepare_duration_seconds_count", driver) == 1
+    assert value("colad_dra_api_errors_total", {"verb": "get", "code": "404"}) == 1  # the missing claim's read
+    from prometheus_client import generate_latest
+
+    exposed = generate_latest(plugin.metrics.registry).decode()
+    for named in (good.name, good.uid, missing.name, missing.uid, NS):
+        assert f'"{named}"' not in exposed
 
 
 def test_a_device_with_a_generated_name_maps_back_to_its_file(

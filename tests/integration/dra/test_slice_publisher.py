@@ -14,9 +14,10 @@ import pytest
 from colad.core.backoff import Backoff
 from colad.core.constants import UNHEALTHY
 from colad.core.devices import Device, DeviceSet
-from colad.dra.publisher import UNREACHABLE, SlicePublisher
+from colad.dra.publisher import SlicePublisher
 from colad.kube.access import Access, Credentials
 from colad.kube.client import SLICES, KubeClient
+from colad.kube.errors import UNREACHABLE
 from tests.fakes.apiserver import FakeApiServer, Pki
 from tests.helpers import wait_until
 
@@ -54,6 +55,11 @@ def errors() -> Counter[tuple[str, str]]:
 
 
 @pytest.fixture
+def written() -> Counter[str]:
+    return Counter()
+
+
+@pytest.fixture
 def publishers() -> Iterator[list[SlicePublisher]]:
     made: list[SlicePublisher] = []
     yield made
@@ -63,7 +69,7 @@ def publishers() -> Iterator[list[SlicePublisher]]:
 
 @pytest.fixture
 def start(
-    fake: FakeApiServer, errors: Counter[tuple[str, str]], publishers: list[SlicePublisher]
+    fake: FakeApiServer, errors: Counter[tuple[str, str]], written: Counter[str], publishers: list[SlicePublisher]
 ) -> Callable[..., SlicePublisher]:
     def make(client: KubeClient | None = None, resources: tuple[str, ...] = (RESOURCE,)) -> SlicePublisher:
         publisher = SlicePublisher(
@@ -72,6 +78,7 @@ def start(
             node_name=NODE,
             resource_names=resources,
             count_error=lambda verb, code: errors.update([(verb, code)]),
+            count_write=lambda verb: written.update([verb]),
             backoff=FAST,
         )
         publishers.append(publisher)
@@ -272,6 +279,22 @@ def test_withdraw_deletes_only_this_drivers_slices_on_this_node(
     assert publisher.withdraw(WAIT)
     assert fake.node_slices(NODE, DRIVER) == []
     assert [s["spec"]["driver"] for s in fake.node_slices(NODE)] == ["other.example.com"]
+
+
+def test_each_accepted_write_is_counted_and_held_says_how_many_slices_are_current(
+    fake: FakeApiServer, start: Callable[..., SlicePublisher], written: Counter[str]
+) -> None:
+    publisher = start()
+    assert publisher.held() == (0, False)  # nothing published yet
+    converge(publisher, devices(*(f"cola{i:03d}" for i in range(300))))
+    assert publisher.held() == (3, True)
+    converge(publisher, devices("cola000"))
+    assert publisher.held() == (1, True)
+    assert publisher.withdraw(WAIT)
+    assert publisher.held() == (0, True)
+    methods = {"create": "POST", "update": "PUT", "delete": "DELETE"}
+    assert writes(fake) == Counter({methods[verb]: n for verb, n in written.items()})
+    assert set(written) == {"create", "update", "delete"}
 
 
 def test_nothing_is_written_before_the_first_publish(fake: FakeApiServer, start: Callable[..., SlicePublisher]) -> None:

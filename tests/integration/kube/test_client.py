@@ -205,6 +205,106 @@ def test_a_rotated_token_file_is_read_again(fake: FakeApiServer, tmp_path: Path)
     client.list_slices()
 
 
+def project(directory: Path, files: dict[str, bytes]) -> None:
+    """Write `files` into `directory` as the kubelet's projected volumes do (pkg/volume/util/atomic_writer.go):
+    a new timestamped directory, a `..data` symlink swapped to it by rename, each file a link through it."""
+    directory.mkdir(exist_ok=True)
+    version = directory / f"..2026_{len(list(directory.glob('..2026_*'))):04d}"
+    version.mkdir()
+    for name, data in files.items():
+        (version / name).write_bytes(data)
+    (directory / "..data_tmp").symlink_to(version.name)
+    os.replace(directory / "..data_tmp", directory / "..data")
+    for name in files:
+        if not (directory / name).is_symlink():
+            (directory / name).symlink_to(f"..data/{name}")
+
+
+def test_a_token_rotated_by_a_symlink_swap_is_used_from_the_next_call(fake: FakeApiServer, tmp_path: Path) -> None:
+    account = tmp_path / "serviceaccount"
+    project(account, {"token": b"first", "ca.crt": fake.pki.ca.read_bytes()})
+    fake.tokens = {"first", "second"}
+    client = KubeClient(Credentials(in_cluster("127.0.0.1", str(fake.port), str(account))))
+    client.list_slices()
+    project(account, {"token": b"second", "ca.crt": fake.pki.ca.read_bytes()})
+    client.list_slices()
+    client.get_node(NODE)
+    assert fake.identities == ["token:first", "token:second", "token:second"]
+    fake.tokens = {"second"}  # the old token expires: the server refuses it, the client never sends it again
+    with pytest.raises(ApiError) as refused:
+        client_for(fake, token="first").list_slices()
+    assert refused.value.status == 401
+    client.list_slices()
+    assert fake.identities[-1] == "token:second"
+
+
+def test_a_401_reads_the_token_file_again_though_its_stat_is_unchanged(fake: FakeApiServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("aaaa")
+    stat = token_file.stat()
+    client = KubeClient(Credentials(Access(server=fake.url, ca_file=str(fake.pki.ca), token_file=str(token_file))))
+    fake.tokens = {"aaaa"}
+    client.list_slices()
+    token_file.write_text("bbbb")  # same inode, same size, and the old times put back
+    os.utime(token_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    fake.tokens = {"bbbb"}
+    with pytest.raises(ApiError) as refused:
+        client.list_slices()  # the token read before is refused
+    assert refused.value.status == 401
+    client.list_slices()
+    assert fake.identities == ["token:aaaa", "token:bbbb"]
+
+
+def kubeconfig_for(path: Path, server: str, ca: Path, user: dict[str, str]) -> None:
+    """Write a kubeconfig (JSON) by replacing the file, as an operator's tooling or a Secret mount does."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "here",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}],
+    }
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(json.dumps(doc))
+    os.replace(fresh, path)
+
+
+def test_a_rewritten_kubeconfig_is_used_from_the_next_call(fake: FakeApiServer, tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    kubeconfig_for(config, fake.url, fake.pki.ca, {"token": TOKEN})
+    client = KubeClient(Credentials(from_kubeconfig(str(config)), kubeconfig=str(config)))
+    client.list_slices()
+    cert, key = fake.pki.issue("colad-node-1")
+    kubeconfig_for(config, fake.url, fake.pki.ca, {"client-certificate": str(cert), "client-key": str(key)})
+    client.list_slices()
+    assert fake.identities == [f"token:{TOKEN}", "x509:colad-node-1"]
+    # Another server with another CA and token: the client follows the kubeconfig there.
+    (tmp_path / "other-pki").mkdir()
+    other = FakeApiServer(Pki(tmp_path / "other-pki"), tokens={"elsewhere"}).start()
+    try:
+        kubeconfig_for(config, other.url, other.pki.ca, {"token": "elsewhere"})
+        client.list_slices()
+        assert other.identities == ["token:elsewhere"]
+    finally:
+        other.stop()
+
+
+def test_a_renewed_client_certificate_is_presented_from_the_next_call(fake: FakeApiServer, tmp_path: Path) -> None:
+    cert, key = fake.pki.issue("colad-first")
+    held_cert, held_key = tmp_path / "client.crt", tmp_path / "client.key"
+    held_cert.write_bytes(cert.read_bytes())
+    held_key.write_bytes(key.read_bytes())
+    client = client_for(fake, token="", cert_file=str(held_cert), key_file=str(held_key))
+    client.list_slices()
+    cert, key = fake.pki.issue("colad-renewed")
+    for source, target in ((key, held_key), (cert, held_cert)):
+        target.with_suffix(".new").write_bytes(source.read_bytes())
+        os.replace(target.with_suffix(".new"), target)
+    client.list_slices()
+    assert fake.identities == ["x509:colad-first", "x509:colad-renewed"]
+
+
 def test_in_cluster_access_reads_the_service_account_files(fake: FakeApiServer, tmp_path: Path) -> None:
     (tmp_path / "token").write_text(TOKEN)
     (tmp_path / "ca.crt").write_bytes(fake.pki.ca.read_bytes())

@@ -1,6 +1,7 @@
 """The DRA host of the plugin process against the strict fake plugin watcher and the fake API server:
 nothing registered before the API server's client can be made, both sockets and the slices once it
-can, a removed DRA socket served anew, and a stop that leaves the slices or withdraws them."""
+can, a removed DRA socket served anew, a stop that leaves the slices or withdraws them, and the gauges of
+what it serves, gone once it stops."""
 
 from __future__ import annotations
 
@@ -122,3 +123,29 @@ def test_a_withdrawing_stop_deletes_the_slices(
     wait_until(lambda: len(apiserver.node_slices(NODE)) == 1 or None, WAIT, "the slice published")
     host.stop(withdraw=True)
     assert apiserver.node_slices(NODE) == []
+
+
+def test_the_metrics_show_the_hosts_slices_and_claims_while_it_serves(
+    cfg: Config, apiserver: FakeApiServer, watcher: FakePluginWatcher, hosts: list[DraHost]
+) -> None:
+    metrics = Metrics(dra=True)
+    host = DraHost(
+        cfg,
+        metrics,
+        client_factory=lambda _cfg: KubeClient(
+            Credentials(Access(server=apiserver.url, ca_file=str(apiserver.pki.ca), token=TOKEN))
+        ),
+    )
+    hosts.append(host)
+    value = metrics.registry.get_sample_value
+    driver = {"driver": host.driver}
+    assert value("colad_dra_slices_current", driver) == 0  # nothing published yet
+    assert value("colad_dra_prepare_claims_total", {**driver, "result": "error"}) == 0  # made at zero
+    host.start()
+    host.publish({cfg.resources[0].name: devices("cola-a", "cola-b")})
+    wait_until(lambda: value("colad_dra_slices_current", driver) == 1 or None, WAIT, "the slices current")
+    assert value("colad_dra_slices", driver) == 1
+    assert value("colad_dra_prepared_claims", driver) == 0
+    assert value("colad_dra_slice_writes_total", {**driver, "verb": "create"}) == 1
+    host.stop(withdraw=False)
+    assert value("colad_dra_slices_current", driver) is None  # a switch back to the device plugin: no alert

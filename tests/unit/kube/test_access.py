@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from colad.kube.access import Credentials, from_kubeconfig
+from colad.kube.access import REREAD_SECONDS, Access, Credentials, from_kubeconfig
 from colad.kube.errors import KubeconfigError
 
 pytestmark = pytest.mark.unit
@@ -91,4 +92,49 @@ def test_a_token_file_is_read_again_only_when_it_changes(tmp_path: Path) -> None
     replacement = tmp_path / "token.next"
     replacement.write_text("two")
     replacement.replace(token)
+    assert credentials.token() == "two"
+
+
+def rewrite_keeping_stat(path: Path, text: str) -> None:
+    """Change a file's content so that its stat (inode, size, times) stays what it was."""
+    stat = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_token_file_is_read_again_once_a_minute_and_after_a_refusal(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("aaaa")
+    now = [100.0]
+    credentials = Credentials(Access(server="https://10.0.0.1", token_file=str(token)), clock=lambda: now[0])
+    assert credentials.token() == "aaaa"
+    rewrite_keeping_stat(token, "bbbb")
+    now[0] += REREAD_SECONDS - 1
+    assert credentials.token() == "aaaa"  # its stat says unchanged, and it was read less than a minute ago
+    now[0] += 1
+    assert credentials.token() == "bbbb"
+    rewrite_keeping_stat(token, "cccc")
+    credentials.refresh()  # the server answered 401
+    assert credentials.token() == "cccc"
+
+
+def test_a_rewritten_kubeconfig_gives_the_next_call_its_access(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path, {}, {"token": "one"})
+    credentials = Credentials(from_kubeconfig(path), kubeconfig=path)
+    assert credentials.token() == "one"
+    (tmp_path / "token").write_text("from-file\n")
+    kubeconfig(tmp_path, {"server": "https://10.0.0.2:6443"}, {"tokenFile": "token"})
+    assert credentials.token() == "from-file"
+    assert credentials.access.server == "https://10.0.0.2:6443"
+
+
+def test_a_kubeconfig_caught_half_written_fails_that_call_and_is_read_again_on_the_next(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path, {}, {"token": "one"})
+    credentials = Credentials(from_kubeconfig(path), kubeconfig=path)
+    assert credentials.token() == "one"
+    whole = Path(path).read_text()
+    Path(path).write_text(whole[: len(whole) // 2])
+    with pytest.raises(KubeconfigError, match="kubeconfig"):
+        credentials.token()
+    kubeconfig(tmp_path, {}, {"token": "two"})
     assert credentials.token() == "two"

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from colad.core.inuse import InUse
-from colad.metrics.registry import Metrics
+from colad.metrics.registry import DraState, Metrics
 from colad.outputs.statefile import PluginState, ResourceState
 
 pytestmark = pytest.mark.unit
@@ -45,6 +45,12 @@ REQUIRED_METRICS = {
     "colad_process_cpu_seconds_total",
     "colad_devices_in_use",
     "colad_device_holder_info",
+    "colad_dra_prepare_claims_total",
+    "colad_dra_prepare_duration_seconds_bucket",
+    "colad_dra_prepared_claims",
+    "colad_dra_slices_current",
+    "colad_dra_slice_writes_total",
+    "colad_dra_api_errors_total",
 }
 # Metrics that carry the `resource` label: every query on them must filter with resource=~"$resource".
 RESOURCE_METRICS = {
@@ -163,23 +169,29 @@ def exported() -> tuple[set[str], set[str]]:
     Names come from the metric families (a labelled family with no child yet still has its name and type);
     label names from the samples of a registry with one resource, one allocation and one holder (so the
     families read from published snapshots have samples too), and from each instrument's declared label names.
+    Both modes count: the device-plugin mode's registry and the DRA mode's, with one driver serving.
     """
     resource = ResourceState(name="example.com/cola", registered=True, devices=1, healthy=1, last_registered=1.0)
-    metrics = Metrics(snapshot=lambda: PluginState(pid=1, resources=(resource,)))
-    metrics.in_use = lambda: InUse(True, ((resource.name, 1),), ((resource.name, "a", "ns", "pod", "c"),))
-    metrics.add_resource(resource.name)
-    metrics.allocated(resource.name, ["a"])
-    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "info": ["_info"]}
     names: set[str] = set()
     labels: set[str] = set()
-    for family in metrics.registry.collect():
-        names.update(family.name + suffix for suffix in suffixes.get(family.type, [""]))
-        for sample in family.samples:
-            names.add(sample.name)
-            labels.update(sample.labels)
-    for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            labels.update(value._labelnames)  # noqa: SLF001 - no public listing in prometheus-client
+    for dra in (False, True):
+        metrics = Metrics(snapshot=lambda: PluginState(pid=1, resources=(resource,)), dra=dra)
+        metrics.in_use = lambda: InUse(True, ((resource.name, 1),), ((resource.name, "a", "ns", "pod", "c"),))
+        metrics.add_resource(resource.name)
+        metrics.allocated(resource.name, ["a"])
+        if dra:
+            metrics.add_driver("cola.example.com")
+            metrics.dra_api_errors.labels("list", "unreachable").inc()
+            metrics.dra_state = lambda: DraState("cola.example.com", prepared_claims=1, slices=1, slices_current=True)
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "info": ["_info"]}
+        for family in metrics.registry.collect():
+            names.update(family.name + suffix for suffix in suffixes.get(family.type, [""]))
+            for sample in family.samples:
+                names.add(sample.name)
+                labels.update(sample.labels)
+        for value in vars(metrics).values():
+            if isinstance(value, MetricWrapperBase):
+                labels.update(value._labelnames)  # noqa: SLF001 - no public listing in prometheus-client
     return names, labels
 
 
