@@ -6,6 +6,7 @@ role that restarted without the test declaring it, or a traceback in a colad log
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +36,16 @@ def colad_guard() -> Iterator[None]:
     """Set up before, so torn down after, every fixture that starts or stops a ColadService."""
     yield
     _fail_on_guard_problems()
+
+
+@pytest.fixture(autouse=True)
+def process_umask() -> Iterator[None]:
+    """Every test starts with the umask the run started with: a role's or supervise's main() run in-process
+    sets the root-only umask of a daemon (0o077), which would change the modes later tests create."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
 
 
 # The machine's own CDI spec directories: a test that wrote colad's spec there would change what every
