@@ -291,6 +291,7 @@ def changes(dp: Subject, dra: DraNode, names: set[str], count: int, gap: float, 
     each after both are quiet (measure.quiet) and `gap` more."""
     seconds: dict[str, list[float]] = {DP: [], DRA: []}
     held = set(names)
+    calls = len(dra.api.requests)
     for i in range(count):
         name, create = f"change-{i // 2:04d}", i % 2 == 0
         for mode in order(i, (DP, DRA)):
@@ -299,8 +300,21 @@ def changes(dp: Subject, dra: DraNode, names: set[str], count: int, gap: float, 
                 seconds[DP].append(measure.change(dp, name, create))
             else:
                 seconds[DRA].append(slice_update(dra, held, name, create))
+    measure.quiet([dp, dra.subject], gap)
     got[DP]["propagation"] = summary(seconds[DP])
     got[DRA]["slice_update"] = summary(seconds[DRA])
+    made = [call_name(method, path) for method, path, _ in dra.api.requests[calls:]]
+    got[DRA]["api_calls_per_change"] = {call: round(made.count(call) / count, 2) for call in sorted(set(made))}
+
+
+def call_name(method: str, path: str) -> str:
+    """ "GET slices" for a list or watch of slices, "PUT a slice" for one by name, else the method and path."""
+    parent, _, last = path.partition("?")[0].rpartition("/")
+    if last == "resourceslices":
+        return f"{method} slices"
+    if parent.endswith("/resourceslices"):
+        return f"{method} a slice"
+    return f"{method} {parent}/{last}"
 
 
 class Running:
@@ -565,6 +579,9 @@ def table(results: dict[str, Any]) -> str:
         lines.append("claim read by colad's client, ms, " + ", ".join(f"{k} {_cell(v, 0)}" for k, v in reads))
     runs = {mode: got.get(mode, {}).get("start", {}).get("runs_ms", []) for mode in (DP, DRA)}
     lines.append("start runs, ms: " + "; ".join(f"{mode} {' / '.join(map(str, r))}" for mode, r in runs.items()))
+    per_change = dra.get("api_calls_per_change", {})
+    if per_change:
+        lines.append("API calls per file change, DRA: " + ", ".join(f"{k} {v:g}" for k, v in per_change.items()))
     if got.get("violations"):
         lines.append("contract violations: " + "; ".join(got["violations"]))
     if got.get("error"):

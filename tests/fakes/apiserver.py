@@ -310,6 +310,9 @@ class FakeApiServer:
         class Httpd(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            # Go listens with the system's somaxconn (net/sock_linux.go maxListenerBacklog), not
+            # socketserver's 5: past 5 connections at once a SYN is dropped and retried a second later.
+            request_queue_size = socket.SOMAXCONN
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a client that hung up or failed the handshake: nothing for the test to see

@@ -38,6 +38,7 @@ def results() -> dict[str, Any]:
                 "prepare_sequential": {"p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 12.0, "refused": 0},
                 "prepare_concurrent": {"p50_ms": 9.0, "p99_ms": 14.0, "max_ms": 20.0, "refused": 3},
                 "slice_update": {"p50_ms": 8.0, "p99_ms": 10.0, "max_ms": 11.0},
+                "api_calls_per_change": {"GET slices": 1.0, "PUT a slice": 1.0},
                 "memory": {"total": {"rss_mib": 104.0, "pss_mib": 63.5}},
                 "scale": {"10000": {"start_ms": 1500.0, "slices": 79, "memory": {"total": {"pss_mib": 90.0}}}},
             },
@@ -104,9 +105,22 @@ def test_the_table_shows_both_modes_their_ratio_the_scale_and_what_stopped_the_p
     assert next(line for line in lines if line.startswith("one claim: unprepare p50")).split()[-3:] == ["-", "-", "-"]
     assert "10,000 devices, each mode alone (79 slices)" in lines
     assert "start runs, ms: colad 400.0 / 500.0 / 450.0; colad-dra 600.0" in lines
+    assert "API calls per file change, DRA: GET slices 1, PUT a slice 1" in lines
     assert lines[-2].startswith("contract violations: DRA kubelet: claim u")
     assert lines[-1].startswith("the DRA phase stopped: DraFailure")
 
 
 def test_order_turns_every_other_round() -> None:
     assert [list(dra.order(i, ("a", "b"))) for i in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "name"),
+    [
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-1", "GET slices"),
+        ("PUT", "/apis/resource.k8s.io/v1/resourceslices/00000-cola.myway5.com-node-1-q7rcl", "PUT a slice"),
+        ("GET", "/api/v1/nodes/node-1", "GET /api/v1/nodes/node-1"),
+    ],
+)
+def test_api_calls_are_named_by_verb_and_kind_not_by_slice_name(method: str, path: str, name: str) -> None:
+    assert dra.call_name(method, path) == name
