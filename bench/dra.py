@@ -35,6 +35,8 @@ from tests.fakes.dra_kubelet import Claim, FakeDraKubelet, Outcome
 from tests.fakes.pluginwatcher import FakePluginWatcher
 
 DP, DRA = "colad", "colad-dra"  # the two subjects' names, and their keys in results["dra"]
+# Every device file's name here is a DNS label ("cola-00", "change-0000", "0"): its published device name
+# is the name itself (colad/core/slices.py device_names), so the pool is compared with the file names.
 NODE = "node-1"
 DRIVER = dra_driver_name(DEFAULT_RESOURCE_NAME)
 NAMESPACE = "default"
