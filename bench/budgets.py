@@ -3,8 +3,9 @@ the design card's floor measured in the same run (bench/floor.py), or an absolut
 
 What a user feels (Allocate, a change reaching the kubelet, re-registration, a change and a burst at
 scale) is held to the baseline; what the card itself costs (cold start, the start at scale, CPU per
-change, PSS) to the floor. Reads the results dict bench/run.py builds and returns one Verdict per
-budget. Nothing here fails a build: `make bench` is a report, `make test` asserts no timing.
+change, PSS) to the floor. DRA mode is held to colad's own device-plugin mode of the same phase
+(bench/dra.py). Reads the results dict bench/run.py builds and returns one Verdict per budget.
+Nothing here fails a build: `make bench` is a report, `make test` asserts no timing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bench import floor
+from bench import dra, floor
 from bench.floor import Yardstick
 from bench.measure import at
 from bench.scale import BUDGET_COUNT
@@ -44,6 +45,7 @@ class Verdict:
     now: str = ""  # the figures behind `value`, as "colad / yardstick"
     note: str = ""
     above: bool = False
+    base: str = "floor"  # what an `above` size is above
 
     @property
     def passed(self) -> bool:
@@ -51,13 +53,13 @@ class Verdict:
 
     def limit_text(self) -> str:
         limit = _number(self.limit) + self.unit
-        return f"<= floor + {limit}" if self.above else f"<= {limit}"
+        return f"<= {self.base} + {limit}" if self.above else f"<= {limit}"
 
     def value_text(self) -> str:
         if math.isinf(self.value):
             return f"not measured ({self.now})"
         value = _number(self.value) + self.unit
-        text = f"floor + {value}" if self.above else value
+        text = f"{self.base} + {value}" if self.above else value
         text = f"{self.now} = {text}" if self.now else text
         return f"{text}; {self.note}" if self.note else text
 
@@ -84,20 +86,26 @@ def _refused(colad: dict[str, Any]) -> str:
     return f"{refused:g} calls refused for want of a worker and made again" if refused else ""
 
 
-def _to_floor(budget: str, mine: float | None, stick: Yardstick | None, limit: float, *, note: str = "") -> Verdict:
-    """colad over the floor measured in this run: their ratio."""
+def _to_floor(
+    budget: str, mine: float | None, stick: Yardstick | None, limit: float, *, note: str = "", base: str = "floor"
+) -> Verdict:
+    """colad over the floor (or another yardstick, `base`) measured in this run: their ratio."""
     if mine is None or stick is None or not stick.value:
-        return Verdict(budget, "the floor", math.inf, limit, "x", f"colad {mine}, floor {stick}")
+        return Verdict(budget, f"the {base}", math.inf, limit, "x", f"colad {mine}, {base} {stick}")
     now = f"{mine:g} / {stick.value:g}{stick.unit}"
     return Verdict(budget, stick.text(), round(mine / stick.value, 2), limit, "x", now, note)
 
 
-def _above_floor(budget: str, mine: float | None, stick: Yardstick | None, limit: float) -> Verdict:
-    """colad above the floor measured in this run, in the floor's unit."""
+def _above_floor(
+    budget: str, mine: float | None, stick: Yardstick | None, limit: float, *, base: str = "floor"
+) -> Verdict:
+    """colad above the floor (or another yardstick, `base`) measured in this run, in its unit."""
     if mine is None or stick is None:
-        return Verdict(budget, "the floor", math.inf, limit, " MiB", f"colad {mine}, floor {stick}", above=True)
+        return Verdict(
+            budget, f"the {base}", math.inf, limit, " MiB", f"colad {mine}, {base} {stick}", above=True, base=base
+        )
     now = f"{mine:g} / {stick.value:g}{stick.unit}"
-    return Verdict(budget, stick.text(), round(mine - stick.value, 1), limit, stick.unit, now, above=True)
+    return Verdict(budget, stick.text(), round(mine - stick.value, 1), limit, stick.unit, now, above=True, base=base)
 
 
 def _absolute(budget: str, value: float | None, limit: float, unit: str) -> Verdict:
@@ -170,8 +178,98 @@ def _idle(colad: dict[str, Any], baseline: dict[str, Any]) -> list[Verdict]:
     ]
 
 
+# DRA mode against colad in device-plugin mode, in the same phase (bench/dra.py): the ratios a prepare, a
+# slice update and a start may take over their yardsticks, and the MiB its footprint may add.
+DRA_CALL_RATIO = 1.5
+DRA_START_RATIO = 1.25
+DRA_EXTRA_MIB = 16.0
+DRA_BASE = "device-plugin mode"
+
+
+def _dra(results: dict[str, Any]) -> list[Verdict]:
+    """DRA mode's budgets, each against colad's own device-plugin figure of the same phase.
+
+    A prepare is held to Allocate plus one claim read at the API server (the call Allocate never
+    makes), a slice update to the change reaching the kubelet plus one API call, a start to the
+    device-plugin start plus the API calls on its path; the 1.5x and 1.25x on top are colad's own work
+    (a CDI spec and the checkpoint written per claim, the slices planned). The footprint is held to
+    colad in device-plugin mode + 16 MiB: with that mode within its own budget, DRA mode is within the
+    device-plugin budget + 16 MiB.
+    """
+    got = results["dra"]
+    mine = got.get(dra.DRA, {})
+    sticks = dra.yardsticks(results)
+    n = got.get("scale_count") or 0
+    refused = at(mine, "prepare_concurrent.refused")
+    note = f"{refused:g} calls refused for want of a worker and made again" if refused else ""
+    verdicts = [
+        _to_floor(
+            "DRA: NodePrepareResources p99, 1 claim",
+            at(mine, "prepare_sequential.p99_ms"),
+            sticks[dra.PREPARE],
+            DRA_CALL_RATIO,
+            base=DRA_BASE,
+        ),
+        _to_floor(
+            "DRA: NodePrepareResources p99, 16 claims at once",
+            at(mine, "prepare_concurrent.p99_ms"),
+            sticks[dra.PREPARE_AT_ONCE],
+            DRA_CALL_RATIO,
+            note=note,
+            base=DRA_BASE,
+        ),
+        _to_floor(
+            "DRA: device file change -> slice updated p99",
+            at(mine, "slice_update.p99_ms"),
+            sticks[dra.SLICE_UPDATE],
+            DRA_CALL_RATIO,
+            base=DRA_BASE,
+        ),
+        _to_floor(
+            f"DRA: start -> slices published, {got.get('devices', 0)} devices",
+            at(mine, "start.median_ms"),
+            sticks[dra.START],
+            DRA_START_RATIO,
+            base=DRA_BASE,
+        ),
+        _above_floor(
+            f"DRA: total PSS, {got.get('devices_for_claims', 0)} devices",
+            at(mine, "memory.total.pss_mib"),
+            sticks[dra.PSS],
+            DRA_EXTRA_MIB,
+            base=DRA_BASE,
+        ),
+    ]
+    if n:
+        verdicts[4:4] = [
+            _to_floor(
+                f"DRA: start -> slices published, {n:,} devices",
+                at(mine, f"scale.{n}.start_ms"),
+                sticks[dra.START_AT_SCALE],
+                DRA_START_RATIO,
+                base=DRA_BASE,
+            )
+        ]
+        verdicts.append(
+            _above_floor(
+                f"DRA: total PSS, {n:,} devices",
+                at(mine, f"scale.{n}.memory.total.pss_mib"),
+                sticks[dra.PSS_AT_SCALE],
+                DRA_EXTRA_MIB,
+                base=DRA_BASE,
+            )
+        )
+    return verdicts
+
+
 def check(results: dict[str, Any]) -> list[Verdict]:
-    """The budgets in the order docs/PERFORMANCE.md lists them: what a user feels, what the card costs, the rest."""
+    """The budgets in the order docs/PERFORMANCE.md lists them: what a user feels, what the card costs, the rest;
+    then DRA mode's. Only those of the phases that ran."""
+    found = _device_plugin(results) if "colad" in results else []
+    return found + (_dra(results) if "dra" in results else [])
+
+
+def _device_plugin(results: dict[str, Any]) -> list[Verdict]:
     colad, baseline = results["colad"], results["baseline"]
     sticks = floor.yardsticks(results)
     at_scale = f"scale.{BUDGET_COUNT}"

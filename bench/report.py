@@ -2,14 +2,15 @@
 
 One row per figure with colad, the single-process baseline and their ratio
 (colad / baseline: below 1 means colad is faster or smaller), then memory and
-idle cost per process with the threads that woke, then the budgets.
+idle cost per process with the threads that woke, then DRA mode beside device-plugin mode
+(bench/dra.py), then the budgets. Only the sections of the phases that ran.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import floor, scale
+from bench import dra, floor, scale
 from bench.budgets import HEADER, Verdict, summary_line
 from bench.measure import at
 
@@ -158,13 +159,16 @@ def render(results: dict[str, Any], verdicts: list[Verdict]) -> str:
     colad_env = meta.get("parameters", {}).get("colad_env")
     if colad_env:
         head += "\ncolad's processes with " + " ".join(f"{k}={v}" for k, v in sorted(colad_env.items()))
-    sections = [
-        head,
-        table(results),
-        floor.table(results),
-        scale.table(results),
-        memory_table(results),
-        cpu_table(results),
-    ]
-    sections.append(idle_table(results))
+    sections = [head]
+    if "colad" in results:
+        sections += [
+            table(results),
+            floor.table(results),
+            scale.table(results),
+            memory_table(results),
+            cpu_table(results),
+            idle_table(results),
+        ]
+    if "dra" in results:
+        sections.append(dra.table(results))
     return "\n\n".join(sections + [budgets(verdicts)])

@@ -5,10 +5,11 @@ queue) and bench/baseline_plugin.py, each against its own fake kubelet from
 tests/fakes, and measures both: cold start, Allocate latency, change
 propagation (each change after a quiet gap, and back to back), re-registration,
 memory, three bursts, idle cost, the floor (bench/floor.py) and the scale table
-(bench/scale.py), all run as installed (bench/installed.py). Prints a table with
-colad / baseline ratios and a PASS/FAIL line per budget (bench/budgets.py); exits
-0 whatever the verdicts. --json PATH also writes the results. Progress goes to
-stderr. See docs/PERFORMANCE.md.
+(bench/scale.py); then colad in DRA mode beside colad in device-plugin mode
+(bench/dra.py); all run as installed (bench/installed.py). --phases picks them.
+Prints a table with colad / baseline ratios and a PASS/FAIL line per budget
+(bench/budgets.py); exits 0 whatever the verdicts. --json PATH also writes the
+results. Progress goes to stderr. See docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import budgets, floor, installed, measure, procstat, report, scale, subjects
+from bench import budgets, dra, floor, installed, measure, procstat, report, scale, subjects
 from bench.subjects import REPO, Baseline, Colad, Subject, settle
 
 ROLES = {
@@ -36,6 +37,9 @@ ROLES = {
     "plugin": "colad.plugin.main",
 }
 HEAVY = ("grpc", "prometheus_client", "google.protobuf")
+# --phases: the device plugin's (the main phase, the floor, the scale table, the imports) and the DRA mode's.
+DEVICE_PLUGIN, DRA = "device-plugin", "dra"
+PHASES = (DEVICE_PLUGIN, DRA)
 
 
 def progress(text: str) -> None:
@@ -190,25 +194,20 @@ def quiet_check() -> float:
 def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     busy_before = quiet_check()
     started, machine = time.monotonic(), procstat.machine_busy()
-    results: dict[str, Any] = {"colad": {}, "baseline": {}}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="colad-bench-", dir="/tmp") as tmp:
         base = Path(tmp)
         base.chmod(0o755)
         asked = args.python
         args.python, how = installed.prepare(asked, base)
         progress(f"subjects run on {asked}, {how}")
-        phase_small(base, args, results)
-        progress(
-            f"floor: supervisord alone and an interpreter importing grpc, {floor.RUNS} runs each;"
-            f" the split beside the baseline, {floor.SPLIT_CHANGES} changes"
-        )
-        results["floor"] = floor.measure(args.python, base / "floor")
-        scale.phase(base, args, results, progress)
-        results["imports"] = role_imports(args.python)
+        if DEVICE_PLUGIN in args.phases:
+            device_plugin(base, args, results)
+        if DRA in args.phases:
+            progress(f"DRA phase: colad in DRA mode beside colad in device-plugin mode, {args.devices} devices")
+            dra.phase(base, args, results, progress)
         versions = runtime(args.python, shown=asked)
         args.python = asked
-    for name in ("colad", "baseline"):
-        results[name]["idle_total"] = idle_totals(results[name])
     results["meta"] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "cpus": os.cpu_count(),
@@ -223,6 +222,21 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         "runtime_s": round(time.monotonic() - started, 1),
     }
     return results
+
+
+def device_plugin(base: Path, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """colad against the baseline, the floor, the scale table and the roles' imports."""
+    results.update({"colad": {}, "baseline": {}})
+    phase_small(base, args, results)
+    progress(
+        f"floor: supervisord alone and an interpreter importing grpc, {floor.RUNS} runs each;"
+        f" the split beside the baseline, {floor.SPLIT_CHANGES} changes"
+    )
+    results["floor"] = floor.measure(args.python, base / "floor")
+    scale.phase(base, args, results, progress)
+    results["imports"] = role_imports(args.python)
+    for name in ("colad", "baseline"):
+        results[name]["idle_total"] = idle_totals(results[name])
 
 
 def runtime(python: str, shown: str) -> dict[str, str]:
@@ -265,6 +279,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--more", type=int, default=20, help="single changes once settled at scale, up to 10,000 devices (default 20)"
     )
     parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help="which phases run, comma-separated: device-plugin (colad against the baseline, the floor, the scale"
+        " table), dra (colad in DRA mode beside colad in device-plugin mode) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--prepares",
+        type=int,
+        default=200,
+        help="DRA phase: claims prepared and unprepared per mode, one at a time and again from --callers"
+        " callers; as many Allocate calls beside them (default 200)",
+    )
+    parser.add_argument(
+        "--dra-starts", type=int, default=3, help="DRA phase: starts of each mode at --devices devices (default 3)"
+    )
+    parser.add_argument(
+        "--dra-scale",
+        type=int,
+        default=scale.BUDGET_COUNT,
+        help="DRA phase: devices of the start at scale, each mode alone; 0 skips it (default %(default)s)",
+    )
+    parser.add_argument(
         "--python",
         default=sys.executable,
         help="interpreter both plugins run on (default: this one); /usr/bin/python3 runs them on Debian's packages",
@@ -282,6 +318,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if bad:
         parser.error(f"--colad-env takes NAME=VALUE, not {bad[0]!r}")
     args.colad_env = dict(item.split("=", 1) for item in args.colad_env)
+    args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(args.phases) - set(PHASES))
+    if unknown or not args.phases:
+        parser.error(f"--phases takes one or more of {', '.join(PHASES)}, comma-separated")
+    if args.dra_starts < 1 or args.prepares < 4:
+        parser.error("--dra-starts takes at least 1, --prepares at least 4 (the calls at once run in 4 rounds)")
     return args
 
 

@@ -21,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -312,6 +313,9 @@ class FakeApiServer:
         class Httpd(ThreadingHTTPServer):
             daemon_threads = True
             allow_reuse_address = True
+            # Go listens with the system's somaxconn (net/sock_linux.go maxListenerBacklog), not
+            # socketserver's 5: past 5 connections at once a SYN is dropped and retried a second later.
+            request_queue_size = socket.SOMAXCONN
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a client that hung up or failed the handshake: nothing for the test to see
@@ -422,10 +426,72 @@ class FakeApiServer:
         with self.lock:
             del self.claims[(namespace, name)]
 
+    def add_allocated_claim(
+        self, namespace: str, name: str, driver: str, pool: str, devices: list[str], request: str = "cola"
+    ) -> dict[str, Any]:
+        """A ResourceClaim the scheduler allocated to `devices` of `pool`, one result each, stored by add_claim()."""
+        results = [{"request": request, "driver": driver, "pool": pool, "device": d} for d in devices]
+        return self.add_claim(
+            {
+                "metadata": {"namespace": namespace, "name": name},
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+        )
+
+    def write_kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig naming this server's URL, its CA and a bearer `token`, written to `path`."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "driver"}}],
+            "clusters": [{"name": "fake", "cluster": {"server": self.url, "certificate-authority": str(self.pki.ca)}}],
+            "users": [{"name": "driver", "user": {"token": token}}],
+        }
+        path.write_text(json.dumps(config))
+        return path
+
     def node_slices(self, node_name: str, driver: str | None = None) -> list[dict[str, Any]]:
         terms = {"spec.nodeName": node_name, **({"spec.driver": driver} if driver is not None else {})}
         with self.lock:
             return [json.loads(json.dumps(o)) for o in self.slices.values() if _matches(o, terms)]
+
+    def _published(self, terms: dict[str, str], expected: int | None = None) -> frozenset[str] | None:
+        """Under the lock: the device names of the current generation of a pool, once all its slices are
+        in; None while it is being written. With `expected`, None too unless it lists that many devices
+        (checked before any name is collected: cheap on every change at 10,000 devices)."""
+        held = [o["spec"] for o in self.slices.values() if _matches(o, terms)]
+        if not held:
+            return None
+        generation = max(s["pool"].get("generation", 0) for s in held)
+        current = [s for s in held if s["pool"].get("generation", 0) == generation]
+        if any(s["pool"]["resourceSliceCount"] != len(current) for s in current):
+            return None
+        if expected is not None and sum(len(s.get("devices") or ()) for s in current) != expected:
+            return None
+        return frozenset(d["name"] for s in current for d in s.get("devices") or ())
+
+    def published(self, node_name: str, driver: str) -> frozenset[str] | None:
+        """The device names of the node's pool of `driver` (one pool), when its slices are complete; else None."""
+        with self.lock:
+            return self._published({"spec.nodeName": node_name, "spec.driver": driver})
+
+    def wait_published(self, node_name: str, driver: str, names: set[str], timeout: float) -> float:
+        """The monotonic time at which the node's pool of `driver` first listed exactly `names`, looked at
+        on every change; TimeoutError after `timeout` seconds."""
+        terms = {"spec.nodeName": node_name, "spec.driver": driver}
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self._published(terms, len(names)) != names:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    got = self._published(terms)
+                    raise TimeoutError(
+                        f"the pool of {driver} on {node_name} never listed the {len(names)} devices expected; "
+                        f"now {'being written' if got is None else f'{len(got)} devices'}"
+                    )
+                self.lock.wait(remaining)
+            return time.monotonic()
 
     # --- the REST calls --------------------------------------------------------------------------
 
@@ -510,6 +576,9 @@ class FakeApiServer:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Any
+    # The API server is Go: net.TCPConn has TCP_NODELAY on by default (SetNoDelay: "The default is true").
+    # With Nagle on, the body written after the headers waits for the client's delayed ACK, ~40 ms a call.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass

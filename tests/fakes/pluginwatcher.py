@@ -453,7 +453,7 @@ class FakePluginWatcher:
             f"{count} deregistration(s) of {driver}",
         )
 
-    def _wait(self, predicate: Callable[[], T], timeout: float, describe: str) -> T:
+    def _wait(self, predicate: Callable[[], T | None], timeout: float, describe: str) -> T:
         return wait_until(
             predicate,
             timeout,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from colad.kube.access import Access, Credentials
+from colad.kube.access import Access, Credentials, from_kubeconfig
 from colad.kube.client import SLICES, KubeClient
 from colad.kube.errors import ApiError, NotFound
 from tests.fakes.apiserver import FakeApiServer, Pki
@@ -156,3 +159,44 @@ def test_a_watch_without_a_resource_version_starts_with_the_current_state(client
     created = client.create_slice(valid(nodeName="node-9"))
     events = list(client.watch_slices("spec.nodeName=node-9", "", timeout_seconds=1))
     assert [(e.type, e.object["metadata"]["name"]) for e in events] == [("ADDED", created["metadata"]["name"])]
+
+
+def test_an_allocated_claim_is_read_back_through_the_rest_call(fake: FakeApiServer, client: KubeClient) -> None:
+    stored = fake.add_allocated_claim("default", "pair", "cola.myway5.com", "node-1", ["cola1", "cola2"])
+    read = client.get_claim("default", "pair")
+    assert read["metadata"]["uid"] == stored["metadata"]["uid"]
+    assert [r["device"] for r in read["status"]["allocation"]["devices"]["results"]] == ["cola1", "cola2"]
+    with pytest.raises(ValueError, match="pool: required"):
+        fake.add_allocated_claim("default", "nowhere", "cola.myway5.com", "", ["cola1"])
+
+
+def test_the_written_kubeconfig_names_this_server_its_ca_and_the_token(fake: FakeApiServer, tmp_path: Path) -> None:
+    access = from_kubeconfig(str(fake.write_kubeconfig(tmp_path / "kubeconfig", "t")))
+    assert (access.server, access.ca_file, access.token) == (fake.url, str(fake.pki.ca), "t")
+    fake.add_allocated_claim("default", "kc", "cola.myway5.com", "node-1", ["cola1"])
+    assert KubeClient(Credentials(access), timeout=5).get_claim("default", "kc")["metadata"]["name"] == "kc"
+
+
+def test_a_pool_is_published_only_once_all_its_slices_are_in(fake: FakeApiServer, client: KubeClient) -> None:
+    two = {"name": "node-10", "generation": 0, "resourceSliceCount": 2}
+    assert fake.published("node-10", "cola.myway5.com") is None
+    client.create_slice(valid(nodeName="node-10", pool=two, devices=devices(2)))
+    assert fake.published("node-10", "cola.myway5.com") is None  # one of two slices
+    client.create_slice(valid(nodeName="node-10", pool=two, devices=[{"name": "d9"}]))
+    assert fake.published("node-10", "cola.myway5.com") == {"d0", "d1", "d9"}
+    assert fake.published("node-10", "other.example.com") is None
+
+
+def test_wait_published_returns_when_a_write_completes_the_pool_and_times_out_otherwise(
+    fake: FakeApiServer, client: KubeClient
+) -> None:
+    pool = {"name": "node-11", "generation": 0, "resourceSliceCount": 1}
+    writer = threading.Timer(0.2, lambda: client.create_slice(valid(nodeName="node-11", pool=pool, devices=devices(3))))
+    writer.start()
+    try:
+        when = fake.wait_published("node-11", "cola.myway5.com", {"d0", "d1", "d2"}, timeout=10)
+    finally:
+        writer.join()
+    assert when <= time.monotonic()
+    with pytest.raises(TimeoutError, match="never listed the 2 devices expected; now 3 devices"):
+        fake.wait_published("node-11", "cola.myway5.com", {"d0", "d1"}, timeout=0.2)

@@ -1,7 +1,8 @@
 """bench/budgets.py: each budget against its yardstick, read from one run's results.
 
 What a user feels is held to the single-process baseline, what the design card costs to the floor
-bench/floor.py adds up from its named parts; a figure or a floor part the run lacks fails its budget.
+bench/floor.py adds up from its named parts, DRA mode to colad's own device-plugin mode; a figure or a
+floor part the run lacks fails its budget.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from bench import budgets, floor
 from bench.report import budgets as budget_table
+from tests.unit.bench.test_dra import results as dra_results
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +163,57 @@ def test_every_floor_a_budget_reads_is_printed() -> None:
     table = budget_table(budgets.check(_results()))
     assert table.splitlines()[0] == "| figure | yardstick | budget | now | verdict |"
     assert table.splitlines()[-1] == budgets.summary_line(budgets.check(_results()))
+
+
+# DRA mode against colad's own device-plugin mode of the same phase: figure, value, limit, verdict.
+DRA_TABLE = [
+    ("DRA: NodePrepareResources p99, 1 claim", 1.29, 1.5, True),
+    ("DRA: NodePrepareResources p99, 16 claims at once", 1.17, 1.5, True),
+    ("DRA: device file change -> slice updated p99", 1.25, 1.5, True),
+    ("DRA: start -> slices published, 10 devices", 1.31, 1.25, False),
+    ("DRA: start -> slices published, 10,000 devices", 1.31, 1.25, False),
+    ("DRA: total PSS, 16 devices", 3.5, 16.0, True),
+    ("DRA: total PSS, 10,000 devices", 20.0, 16.0, False),
+]
+
+
+def _dra_verdicts(results: dict[str, Any]) -> dict[str, budgets.Verdict]:
+    return {v.budget: v for v in budgets.check(results)}
+
+
+@pytest.mark.parametrize(("budget", "value", "limit", "passed"), DRA_TABLE, ids=[row[0] for row in DRA_TABLE])
+def test_each_dra_budget_reads_colads_device_plugin_mode(budget: str, value: float, limit: float, passed: bool) -> None:
+    verdict = _dra_verdicts(dra_results())[budget]
+    assert (verdict.value, verdict.limit, verdict.passed) == (value, limit, passed)
+
+
+def test_the_dra_budgets_follow_the_device_plugins_and_come_alone_when_only_dra_ran() -> None:
+    both = {**_results(), **dra_results()}
+    names = [v.budget for v in budgets.check(both)]
+    assert names[: len(TABLE)] == [row[0] for row in TABLE]
+    assert names[-len(DRA_TABLE) :] == [row[0] for row in DRA_TABLE]
+    assert [v.budget for v in budgets.check(dra_results())] == [row[0] for row in DRA_TABLE]
+
+
+def test_dra_pss_is_printed_as_the_size_above_the_device_plugin_mode() -> None:
+    row = _dra_verdicts(dra_results())["DRA: total PSS, 16 devices"].row()
+    assert row == (
+        "| DRA: total PSS, 16 devices | colad in device-plugin mode 60 MiB | <= device-plugin mode + 16 MiB"
+        " | 63.5 / 60 MiB = device-plugin mode + 3.5 MiB | PASS |"
+    )
+
+
+def test_refused_prepares_are_named_beside_the_figure() -> None:
+    text = _dra_verdicts(dra_results())["DRA: NodePrepareResources p99, 16 claims at once"].value_text()
+    assert text == "14 / 12 ms = 1.17x; 3 calls refused for want of a worker and made again"
+
+
+def test_without_the_start_at_scale_its_dra_budgets_are_left_out_and_a_missing_figure_fails() -> None:
+    results = dra_results()
+    results["dra"]["scale_count"] = 0
+    del results["dra"]["api"]["claim_read_sequential"]
+    verdicts = _dra_verdicts(results)
+    assert not any("10,000" in name for name in verdicts)
+    missing = verdicts["DRA: NodePrepareResources p99, 1 claim"]
+    assert math.isinf(missing.value) and not missing.passed
+    assert missing.yardstick == "the device-plugin mode"
