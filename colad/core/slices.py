@@ -8,7 +8,7 @@ update and create, touching only those that differ. colad/kube/ carries the plan
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from colad.core.devices import REPLICA_SEPARATOR, DeviceSet
@@ -288,8 +288,18 @@ def _layout(devices: Sequence[SliceDevice], held: Mapping[int, Sequence[str]]) -
     return kept
 
 
-def plan(driver: str, node_name: str, pools: Sequence[Pool], existing: Iterable[ExistingSlice]) -> SlicePlan:
+def plan(
+    driver: str,
+    node_name: str,
+    pools: Sequence[Pool],
+    existing: Iterable[ExistingSlice],
+    unknown: Collection[str] = (),
+) -> SlicePlan:
     """The changes that turn `existing` (this node's slices of this driver) into `pools`.
+
+    `unknown` names pools whose devices are not known yet (no device set heard since a start): their
+    slices are left exactly as held, neither emptied nor deleted. A known pool with no devices is not
+    unknown: it is published empty.
 
     Only slices whose content differs are written. The pool's generation goes up when its set of slices
     changes (a slice created or deleted): every slice then carries the new generation and count, so a
@@ -297,7 +307,10 @@ def plan(driver: str, node_name: str, pools: Sequence[Pool], existing: Iterable[
     slices, so an update of a few slices needs no new generation. Slices of another driver or node,
     of a pool no longer wanted, without an index, or repeating one, are deleted.
     """
-    ours = sorted((s for s in existing if s.driver == driver and s.node_name == node_name), key=lambda s: s.name)
+    ours = sorted(
+        (s for s in existing if s.driver == driver and s.node_name == node_name and s.pool not in unknown),
+        key=lambda s: s.name,
+    )
     by_pool: dict[str, dict[int, ExistingSlice]] = {}
     obsolete: dict[str, list[ExistingSlice]] = {}
     wanted_pools = {p.name for p in pools}

@@ -112,7 +112,8 @@ class SlicePublisher:
         return self
 
     def publish(self, device_sets: Mapping[str, DeviceSet]) -> None:
-        """Make the slices list these device sets (a resource without one: an empty pool). Never blocks."""
+        """Make the slices list these device sets; never blocks. A resource without a device set is not
+        known yet (discovery not heard since a start): its slices stay as the API server holds them."""
         with self._cond:
             self._wanted = dict(device_sets)
             self._withdrawn = False
@@ -230,17 +231,20 @@ class SlicePublisher:
             self._count_error(verb, error_code(exc))
             raise
 
-    def _pools(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> list[Pool]:
+    def _pools(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> tuple[list[Pool], list[str]]:
+        """The pools to publish, and the names of those whose devices are not known (left as held)."""
         if withdrawn:
-            return []
-        return [pool(self._pool_names[r], r, wanted.get(r, DeviceSet())) for r in self.resource_names]
+            return [], []
+        known = [pool(self._pool_names[r], r, wanted[r]) for r in self.resource_names if r in wanted]
+        return known, [self._pool_names[r] for r in self.resource_names if r not in wanted]
 
     def _sync(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> None:
         items, _ = self._call("list", lambda: self.client.list_slices(self._selector))
         existing = [read_slice(o) for o in items]
         with self._cond:  # a slice someone else deleted has no echo to come
             self._written = {s.name: self._written[s.name] for s in existing if s.name in self._written}
-        todo = plan(self.driver, self.node_name, self._pools(wanted, withdrawn), existing)
+        pools, unknown = self._pools(wanted, withdrawn)
+        todo = plan(self.driver, self.node_name, pools, existing, unknown)
         if todo:
             self._apply(todo)
         with self._cond:

@@ -329,7 +329,8 @@ class Plugin:
             self.dra.check()
 
     def publish_dra(self) -> None:
-        """Hand the DRA host the device set of every resource served, as discovery last sent it."""
+        """Hand the DRA host the device set of every resource served, as discovery last sent it; a resource
+        discovery has not reported since this process started has none, and its slices stay as held."""
         if self.dra is not None:
             served = (r.name for r in self.cfg.resources)
             self.dra.publish({name: s.devices for name in served if (s := self.snapshots.get(name)) is not None})

@@ -219,6 +219,34 @@ def test_a_kubelet_restart_gets_registration_and_slices_back(
     wait_published(apiserver, {"cola-a", "cola-b"})
 
 
+def test_a_plugin_restart_never_publishes_fewer_devices(
+    service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    names = {f"cola-{i:03d}" for i in range(130)}  # two slices
+    service.add(*names)
+    service.start()
+    watcher.wait_registration(timeout=WAIT)
+    wait_published(apiserver, names)
+    held = {s["metadata"]["name"]: len(s["spec"]["devices"]) for s in slices(apiserver)}
+    with apiserver.lock:
+        seen = apiserver.events[-1][0]
+    old = service.pids()["plugin"]
+    service.kill("plugin")
+    service.wait_running(exclude_pids={"plugin": old})
+    watcher.wait_registration(count=2, timeout=WAIT)
+    service.add("cola-new")  # published once the restarted plugin has heard discovery
+    wait_published(apiserver, {*names, "cola-new"})
+    with apiserver.lock:
+        since = [
+            (kind, obj["metadata"]["name"], len(obj["spec"].get("devices") or ()))
+            for seq, _, kind, obj in apiserver.events
+            if seq > seen
+        ]
+    assert since, "nothing written after the restart"
+    fewer = [w for w in since if w[0] == "DELETED" or w[2] < held.get(w[1], 0)]
+    assert fewer == [], f"writes with fewer devices than the {held} held before the restart: {since}"
+
+
 def test_a_deleted_registration_socket_is_made_anew_and_registered_again(
     service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
 ) -> None:

@@ -302,3 +302,26 @@ def test_nothing_is_written_before_the_first_publish(fake: FakeApiServer, start:
     wait_until(lambda: any("watch=1" in p for _, p, _ in fake.requests), WAIT, "the watch open")
     assert not publisher.wait_converged(0)
     assert writes(fake) == Counter()
+
+
+def test_a_restarted_publisher_leaves_the_slices_as_held_until_it_knows_the_devices(
+    fake: FakeApiServer, start: Callable[..., SlicePublisher]
+) -> None:
+    other = "myway5.com/soda"
+    first = start(resources=(RESOURCE, other))
+    many = {RESOURCE: DeviceSet.of(Device(f"cola{i:03d}") for i in range(130)), other: DeviceSet.of([Device("soda0")])}
+    converge(first, many)
+    assert first.stop(WAIT)
+    held = {s["metadata"]["name"]: s for s in fake.node_slices(NODE, DRIVER)}
+    before = writes(fake)
+
+    restarted = start(resources=(RESOURCE, other))
+    converge(restarted, {})  # started: discovery not heard yet
+    converge(restarted, {other: many[other]})  # one resource heard, unchanged
+    assert writes(fake) == before
+    assert {s["metadata"]["name"]: s for s in fake.node_slices(NODE, DRIVER)} == held
+    assert restarted.held() == (len(held), True)
+
+    converge(restarted, {RESOURCE: many[RESOURCE], other: DeviceSet()})  # heard with no devices: emptied
+    assert published(fake) == sorted(f"cola{i:03d}" for i in range(130))
+    assert restarted.withdraw(WAIT) and fake.node_slices(NODE, DRIVER) == []

@@ -254,6 +254,25 @@ def test_several_pools_are_planned_apart() -> None:
     assert len(todo.delete) == 1 and not todo.update and not todo.create
 
 
+def test_a_pool_whose_devices_are_unknown_is_left_as_held_and_a_known_empty_one_is_emptied() -> None:
+    store = FakeStore()
+    names = pool_names(NODE, [RESOURCE, "example.com/other"])
+    cola, other = names[RESOURCE], names["example.com/other"]
+    store.sync([pool(cola, RESOURCE, devices(200)), pool(other, "x", devices(5))])
+    store.put(slice_object(DesiredSlice(cola, 0, 0, 1, ()), DRIVER, NODE, ""), "00000-twice")
+    held = {s.name: s for s in store.existing()}
+    assert not plan(DRIVER, NODE, [], store.existing(), unknown=[cola, other])  # a start: nothing known yet
+    todo = plan(DRIVER, NODE, [pool(other, "x", DeviceSet())], store.existing(), unknown=[cola])
+    assert not todo.delete and not todo.create
+    assert [(h.pool, len(d.devices)) for h, d in todo.update] == [(other, 0)]
+    store.apply(todo)
+    assert {n: s for n, s in ((s.name, s) for s in store.existing()) if s.pool == cola} == {
+        n: s for n, s in held.items() if s.pool == cola
+    }
+    withdrawn = plan(DRIVER, NODE, [], store.existing())  # nothing unknown, nothing wanted: every slice goes
+    assert len(withdrawn.delete) == len(store.objects) and not withdrawn.update and not withdrawn.create
+
+
 def test_the_generate_name_keeps_its_index_within_what_the_server_keeps() -> None:
     name = generate_name(3, DRIVER, "n" * 250)
     assert name.startswith("00003-") and len(name) <= 58 and name.endswith("-") and ".-" not in name
