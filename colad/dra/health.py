@@ -29,7 +29,8 @@ SERVICES = tuple(
     for messages in (dra_health_v1_pb2, dra_health_v1alpha1_pb2)
 )
 # The kubelet holds one stream per driver; one more lets a restarted kubelet's stream in before the
-# old one is cancelled. Each stream holds a worker of the DRA socket for its life (dra_host.DRA_WORKERS).
+# old one is cancelled. Each stream holds a worker of the DRA socket for its life (dra_host.DRA_WORKERS
+# has room for them beside the calls).
 MAX_HEALTH_STREAMS = 2
 # The kubelet reads a device as Unknown once its last response is older than 30 s, however healthy it
 # was (kubernetes/kubernetes pkg/kubelet/cm/dra/healthinfo.go: getHealthInfo against healthTimeout, with

@@ -22,7 +22,7 @@ from colad.core.devices import DeviceSet
 from colad.core.dra_registration import plugin_info
 from colad.core.errors import ColadError
 from colad.core.slices import pool_names
-from colad.dra.health import HealthBroadcast, HealthService
+from colad.dra.health import MAX_HEALTH_STREAMS, HealthBroadcast, HealthService
 from colad.dra.publisher import SlicePublisher
 from colad.dra.registration import STOP_GRACE, RegistrationService, ensure_dir
 from colad.dra.service import DraPluginService
@@ -44,9 +44,18 @@ if TYPE_CHECKING:
 
 LOG = log.get(__name__)
 
-# The kubelet calls NodePrepareResources / NodeUnprepareResources once per pod and driver; a few pods
-# starting together, and the health stream the kubelet holds open (colad/dra/health.py), each hold a worker.
-DRA_WORKERS = 8
+# The kubelet calls NodePrepareResources / NodeUnprepareResources once per pod and driver, from each
+# starting or ending pod's own worker, so a burst of pods is a burst of calls. CALL_WORKERS of them run at
+# once (their claim reads in parallel, the rest in series: colad/dra/service.py), beside the health
+# streams at their limit, each of which holds a worker for its life.
+CALL_WORKERS = 8
+DRA_WORKERS = MAX_HEALTH_STREAMS + CALL_WORKERS
+# Calls past the workers wait for one, in order of arrival, up to this many: a refused call
+# (RESOURCE_EXHAUSTED) fails the pod's sync until its next try 10 s later (kubernetes/kubernetes
+# pkg/kubelet/kubelet.go backOffPeriod), so every pod of a full node (the kubelet's default maxPods, 110)
+# starting at once waits instead. A call waiting past its deadline is answered at once, so the queue
+# drains. Calls past this are refused, so that a flood holds bounded memory.
+QUEUED_CALLS = 110
 WITHDRAW_TIMEOUT = 5.0  # a mode switch waits this long for the slices to be deleted
 
 
@@ -91,7 +100,7 @@ def build_dra_server(socket_path: str, services: tuple[Servable, ...]) -> grpc.S
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=DRA_WORKERS, thread_name_prefix="dra-plugin"),
         options=[("grpc.so_reuseport", 0)],
-        maximum_concurrent_rpcs=DRA_WORKERS,
+        maximum_concurrent_rpcs=DRA_WORKERS + QUEUED_CALLS,
     )
     for service in services:
         service.add_to(server)

@@ -291,6 +291,7 @@ class FakeApiServer:
         self._rv = itertools.count(1)
         self.resource_version = 0
         self.hang = threading.Event()  # set: every request waits, answering nothing, until cleared
+        self.hanging = 0  # requests waiting for hang to be cleared now (guarded by lock)
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -624,8 +625,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(400, "BadRequest", "the body is not JSON") from None
 
     def _serve(self) -> None:
-        while self.fake.hang.is_set() and self.fake.up:
-            threading.Event().wait(0.02)  # hanging: answer nothing until cleared or down
+        if self.fake.hang.is_set():
+            with self.fake.lock:
+                self.fake.hanging += 1
+                self.fake.lock.notify_all()
+            try:
+                while self.fake.hang.is_set() and self.fake.up:
+                    threading.Event().wait(0.02)  # hanging: answer nothing until cleared or down
+            finally:
+                with self.fake.lock:
+                    self.fake.hanging -= 1
         if not self.fake.up:
             self.close_connection = True
             return
