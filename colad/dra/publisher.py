@@ -4,7 +4,10 @@ Reads the device sets the plugin process receives (publish()) and this node's sl
 (list, then watch from the list's resourceVersion); writes the changes colad/core/slices.py plans
 (delete, update, create), only those. Level-triggered: a new device set and any change someone else
 makes (the kubelet deleting the node's slices, a writer updating one) lead to the same list, plan and
-apply. API-server errors are counted by verb and status, retried after a back-off, never raised.
+apply. A sync plans against the slices as the last sync left them (its list and the answers to its
+writes) while the watch has shown no other writer since, so a new device set costs only its writes; a
+change seen on the watch, a write refused (409, 404) or any failure makes the next sync list again.
+API-server errors are counted by verb and status, retried after a back-off, never raised.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from functools import partial
 
 from colad.core.backoff import Backoff
 from colad.core.devices import DeviceSet
-from colad.core.slices import Pool, SlicePlan, plan, pool, pool_names, read_slice, slice_object
+from colad.core.slices import ExistingSlice, Pool, SlicePlan, plan, pool, pool_names, read_slice, slice_object
 from colad.kube.client import KubeClient, WatchEvent, field_selector
 from colad.kube.errors import ApiError, Conflict, Expired, KubeError, NotFound, error_code
 from colad.runtime import log
@@ -91,12 +94,17 @@ class SlicePublisher:
         self._dirty = False
         self._retry_at = 0.0
         self._watch: Any = None
-        # The echoes of our own writes on the watch, which need no new sync: name -> resourceVersion
-        # written, and the names deleted.
-        self._written: dict[str, str] = {}
+        # The echoes of our own writes on the watch, which need no new sync: name -> the resourceVersions
+        # written whose echo has not come yet (a write can follow the last before its echo comes), and
+        # the names deleted.
+        self._written: dict[str, set[str]] = {}
         self._deleted: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._slices = 0  # guarded by _cond: this node's slices of the driver after the last sync
+        # Guarded by _cond: the slices as the last sync left them, kept while no outside change is seen
+        # (None: list them), and the number of outside changes seen.
+        self._held: list[ExistingSlice] | None = None
+        self._outside = 0
         # Held by the sync thread from a write's call until its answer is noted, and by the watch
         # thread while it tells an echo: _cond is never held across a call.
         self._writing = threading.Lock()
@@ -168,9 +176,11 @@ class SlicePublisher:
     # --- converging ----------------------------------------------------------------------------------
 
     def _poke(self) -> None:
-        """The API server may no longer hold what was published: sync again."""
+        """The API server may no longer hold what was published: sync again, from a new list."""
         with self._cond:
             self._dirty = True
+            self._held = None
+            self._outside += 1
             self._cond.notify_all()
 
     def _next(self) -> tuple[Mapping[str, DeviceSet], int, bool] | None:
@@ -239,16 +249,21 @@ class SlicePublisher:
         return known, [self._pool_names[r] for r in self.resource_names if r not in wanted]
 
     def _sync(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> None:
-        items, _ = self._call("list", lambda: self.client.list_slices(self._selector))
-        existing = [read_slice(o) for o in items]
-        with self._cond:  # a slice someone else deleted has no echo to come
-            self._written = {s.name: self._written[s.name] for s in existing if s.name in self._written}
+        with self._cond:
+            existing, outside = self._held, self._outside
+            self._held = None  # until this sync ends well: a failed one lists again
+        if existing is None:
+            items, _ = self._call("list", lambda: self.client.list_slices(self._selector))
+            existing = [read_slice(o) for o in items]
+            with self._cond:  # a slice someone else deleted has no echo to come
+                self._written = {s.name: self._written[s.name] for s in existing if s.name in self._written}
         pools, unknown = self._pools(wanted, withdrawn)
         todo = plan(self.driver, self.node_name, pools, existing, unknown)
-        if todo:
-            self._apply(todo)
+        held = self._apply(todo, existing) if todo else existing
         with self._cond:
             self._slices = len(existing) - len(todo.delete) + len(todo.create)
+            if self._outside == outside:
+                self._held = held
 
     def _owner_uid(self) -> str:
         """The Node's UID for the slices' ownerReference; "" (no owner) when the Node cannot be read."""
@@ -261,14 +276,17 @@ class SlicePublisher:
                 self._node_uid = ""
         return self._node_uid
 
-    def _apply(self, todo: SlicePlan) -> None:
-        """Carry out a plan; a 409 or 404 (the slices changed since the list) raises _Replan."""
+    def _apply(self, todo: SlicePlan, existing: Sequence[ExistingSlice]) -> list[ExistingSlice]:
+        """Carry out a plan made from `existing`: the slices held after it, as the answers show them. A 409
+        or 404 (the slices changed since they were read) raises _Replan."""
+        after = {s.name: s for s in existing}
         try:
             for gone in todo.delete:
                 delete = partial(
                     self.client.delete_slice, gone.name, uid=gone.uid, resource_version=gone.resource_version
                 )
                 with self._writing:
+                    after.pop(gone.name, None)
                     try:
                         self._call("delete", delete)
                     except NotFound:
@@ -276,17 +294,18 @@ class SlicePublisher:
                     self._count_write("delete")
                     with self._cond:
                         self._deleted.add(gone.name)
-                        self._written.pop(gone.name, None)
             owner = self._owner_uid() if todo.update or todo.create else ""
             for held, desired in todo.update:
                 obj = slice_object(desired, self.driver, self.node_name, owner, held)
                 with self._writing:
-                    self._note(self._call("update", partial(self.client.update_slice, obj)))
+                    written = self._note(self._call("update", partial(self.client.update_slice, obj)))
+                after[written.name] = written
                 self._count_write("update")
             for desired in todo.create:
                 obj = slice_object(desired, self.driver, self.node_name, owner)
                 with self._writing:
-                    self._note(self._call("create", partial(self.client.create_slice, obj)))
+                    written = self._note(self._call("create", partial(self.client.create_slice, obj)))
+                after[written.name] = written
                 self._count_write("create")
         except (Conflict, NotFound) as exc:
             self._log.info("slices changed under a write; planning again", error=exc)
@@ -299,11 +318,14 @@ class SlicePublisher:
             updated=len(todo.update),
             created=len(todo.create),
         )
+        return list(after.values())
 
-    def _note(self, written: dict[str, Any]) -> None:
-        metadata = written.get("metadata") or {}
+    def _note(self, written: dict[str, Any]) -> ExistingSlice:
+        """Remember a write's answer, to tell its echo on the watch; the slice as written."""
+        held = read_slice(written)
         with self._cond:
-            self._written[str(metadata.get("name") or "")] = str(metadata.get("resourceVersion") or "")
+            self._written.setdefault(held.name, set()).add(held.resource_version)
+        return held
 
     # --- watching ------------------------------------------------------------------------------------
 
@@ -313,8 +335,13 @@ class SlicePublisher:
         with self._writing, self._cond:  # a write's echo can come before its answer is noted
             if event.type == "DELETED" and name in self._deleted:
                 self._deleted.discard(name)
+                self._written.pop(name, None)  # the echoes of its writes came before this one
                 return True
-            return event.type in ("ADDED", "MODIFIED") and self._written.get(name) == event.resource_version
+            written = self._written.get(name, set())
+            if event.type in ("ADDED", "MODIFIED") and event.resource_version in written:
+                written.discard(event.resource_version)
+                return True
+            return False
 
     def _watch_loop(self) -> None:
         version = ""
@@ -323,8 +350,9 @@ class SlicePublisher:
             try:
                 if not version:
                     _, version = self._call("list", lambda: self.client.list_slices(self._selector))
-                    with self._cond:  # the watch starts after this list: deletions before it have no echo
+                    with self._cond:  # the watch starts after this list: writes before it have no echo
                         self._deleted.clear()
+                        self._written.clear()
                     self._poke()
                 opened = self._clock()
                 version, events = self._follow(version, resumed=failures > 0)

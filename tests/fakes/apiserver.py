@@ -591,13 +591,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
+        with self.fake.lock:  # before the answer: a client holding its answer finds its request recorded
+            self.fake.requests.append((self.command, self.path, code))
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        with self.fake.lock:
-            self.fake.requests.append((self.command, self.path, code))
 
     def _authenticated(self) -> bool:
         """A client certificate (verified against the CA by the TLS layer), else a bearer token the fake

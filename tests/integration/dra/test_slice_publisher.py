@@ -126,6 +126,32 @@ def test_one_device_more_is_one_update_and_no_create(fake: FakeApiServer, start:
     assert published(fake) == ["cola0", "cola1", "cola2", "cola3"]
 
 
+def lists(fake: FakeApiServer) -> int:
+    """Lists of slices so far (watches not counted)."""
+    with fake.lock:
+        return sum(1 for m, path, _ in fake.requests if m == "GET" and path.startswith(SLICES) and "watch=" not in path)
+
+
+def test_a_change_is_written_without_listing_again_until_another_writer_is_seen(
+    fake: FakeApiServer, start: Callable[..., SlicePublisher]
+) -> None:
+    publisher = start()
+    converge(publisher, devices("cola0", "cola1"))
+    wait_until(lambda: any("watch=1" in p for _, p, _ in fake.requests), WAIT, "the watch open")
+    converge(publisher, devices("cola0", "cola1", "cola2"))  # the watch's own list may come before it
+    before, listed = writes(fake), lists(fake)
+    for n in range(3, 6):
+        converge(publisher, devices(*(f"cola{i}" for i in range(n + 1))))
+    assert (writes(fake) - before, lists(fake) - listed) == (Counter({"PUT": 3}), 0)
+
+    other = client_for(fake)
+    (held,) = fake.node_slices(NODE, DRIVER)
+    held["spec"]["devices"] = held["spec"]["devices"][:1]
+    other.update_slice(held)
+    wait_until(lambda: len(published(fake)) == 6 or None, WAIT, "the slice put back")
+    assert lists(fake) - listed >= 1  # another writer seen on the watch: read again before writing
+
+
 def test_an_unchanged_publish_writes_nothing(fake: FakeApiServer, start: Callable[..., SlicePublisher]) -> None:
     publisher = start()
     converge(publisher, devices("cola0", "cola1"))
