@@ -121,6 +121,7 @@ class RegistrationService:
 
     `registered` and `refused` count the kubelet's answers. Statuses arrive on gRPC threads; every
     server start and stop happens on the caller's thread (start, stop, check), never on a gRPC one.
+    `on_change()` is called on the gRPC thread after each status, so the host can publish the new phase.
     """
 
     def __init__(
@@ -130,8 +131,10 @@ class RegistrationService:
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.info, self.socket_path, self.metrics, self.clock = info, socket_path, metrics, clock
+        self.on_change = on_change
         self.servicer = RegistrationServicer(info, self._on_status)
         self.phase = RegistrationPhase.STOPPED
         self.registered = 0
@@ -207,6 +210,10 @@ class RegistrationService:
             self.restart("registration refused")
 
     def _on_status(self, status: Status) -> None:
+        self._take(status)
+        self.on_change()
+
+    def _take(self, status: Status) -> None:
         with self._lock:
             if status.registered:
                 self.registered += 1

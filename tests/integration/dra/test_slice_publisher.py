@@ -17,6 +17,7 @@ from colad.core.devices import Device, DeviceSet
 from colad.dra.publisher import UNREACHABLE, SlicePublisher
 from colad.kube.access import Access, Credentials
 from colad.kube.client import SLICES, KubeClient
+from colad.outputs.statefile import SliceStatus
 from tests.fakes.apiserver import FakeApiServer, Pki
 from tests.helpers import wait_until
 
@@ -233,6 +234,40 @@ def test_an_outage_is_retried_counted_and_ends_exact(
     assert publisher.wait_converged(WAIT)
     assert published(fake) == ["cola1", "cola3"]
     assert errors[("watch", UNREACHABLE)] + errors[("list", UNREACHABLE)] >= 3
+
+
+def test_status_says_current_only_while_the_api_server_holds_the_last_publish_and_answers(
+    fake: FakeApiServer, publishers: list[SlicePublisher], errors: Counter[tuple[str, str]]
+) -> None:
+    changes: list[SliceStatus] = []
+    publisher = SlicePublisher(
+        client_for(fake),
+        driver=DRIVER,
+        node_name=NODE,
+        resource_names=(RESOURCE,),
+        count_error=lambda verb, code: errors.update([(verb, code)]),
+        backoff=FAST,
+        on_change=lambda: changes.append(publisher.status()),
+    )
+    publishers.append(publisher)
+    assert publisher.status() == SliceStatus()  # nothing handed over: not wanted, not published
+    publisher.start()
+    converge(publisher, devices("cola0", "cola1", "cola2"))
+    wait_until(lambda: publisher.status().current or None, WAIT, "the slices current")
+    held = publisher.status()
+    assert (held.wanted, held.slices, held.devices, held.failing, held.last_error) == (True, 1, 3, "", "")
+    assert changes and changes[-1].current  # told, not only asked
+    fake.stop()
+    failing = wait_until(lambda: (s := publisher.status()).failing and s, WAIT, "the outage seen")
+    assert not failing.current and not failing.pending and failing.published  # the watch is cut: changes unseen
+    publisher.publish(devices("cola1"))
+    pending = wait_until(lambda: (s := publisher.status()).failing and s.pending and s, WAIT, "a change pending")
+    assert pending.failing.startswith(("list: ", "watch: ")) and pending.last_error, pending
+    fake.start()
+    assert publisher.wait_converged(WAIT)
+    back = wait_until(lambda: (s := publisher.status()).current and s, WAIT, "the slices current again")
+    assert (back.devices, back.failing) == (1, "") and back.last_error, back
+    assert changes[-1].current
 
 
 def test_a_watch_too_old_to_resume_lists_again(
