@@ -122,3 +122,28 @@ def test_a_withdrawing_stop_deletes_the_slices(
     wait_until(lambda: len(apiserver.node_slices(NODE)) == 1 or None, WAIT, "the slice published")
     host.stop(withdraw=True)
     assert apiserver.node_slices(NODE) == []
+
+
+def test_the_host_tells_when_the_kubelet_registered_it_and_when_its_slices_are_current(
+    cfg: Config, apiserver: FakeApiServer, watcher: FakePluginWatcher, hosts: list[DraHost]
+) -> None:
+    told: list[tuple[str, bool]] = []  # (phase, slices current) as seen at each call: what the plugin publishes
+    host = DraHost(
+        cfg,
+        Metrics(dra=True),
+        client_factory=lambda _cfg: KubeClient(
+            Credentials(Access(server=apiserver.url, ca_file=str(apiserver.pki.ca), token=TOKEN))
+        ),
+        on_change=lambda: told.append((host.phase, host.slices().current)),
+    )
+    hosts.append(host)
+    assert not host.slices().wanted and host.claims_prepared() == 0  # nothing served yet
+    host.start()
+    host.publish({cfg.resources[0].name: devices("cola-a", "cola-b")})
+    watcher.wait_registration(timeout=WAIT)
+    wait_until(lambda: ("registered", True) in told or None, WAIT, "told of the registration and current slices")
+    held = host.slices()
+    assert (held.current, held.slices, held.devices) == (True, 1, 2)
+    apiserver.stop()
+    wait_until(lambda: any(not current for _, current in told[-1:]) or None, WAIT, "told of the outage")
+    assert host.slices().failing and host.phase == "registered"
