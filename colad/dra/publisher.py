@@ -246,10 +246,6 @@ class SlicePublisher:
         """One API call, its failure counted and raised."""
         try:
             answer = call()
-        except (Conflict, NotFound, Expired) as exc:  # answers that say "read again", not a failing server
-            self._count_error(verb, _code(exc))
-            self._answered()
-            raise
         except KubeError as exc:
             self._count_error(verb, _code(exc))
             self._failed(verb, exc)
@@ -264,6 +260,9 @@ class SlicePublisher:
             self._on_change()
 
     def _failed(self, verb: str, exc: KubeError) -> None:
+        if isinstance(exc, Conflict | NotFound | Expired):  # answers that say "read again", not a failing server
+            self._answered()
+            return
         with self._cond:
             self._failing = self._last_error = f"{verb}: {exc}"
         self._on_change()
@@ -403,9 +402,6 @@ class SlicePublisher:
                 if event.type != "BOOKMARK" and not self._echo(event):
                     self._log.debug("slice changed by another writer", event=event.type)
                     self._poke()
-        except Expired as exc:
-            self._count_error("watch", _code(exc))
-            raise
         except KubeError as exc:
             self._count_error("watch", _code(exc))
             self._failed("watch", exc)

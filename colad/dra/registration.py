@@ -135,7 +135,7 @@ class RegistrationService:
     ) -> None:
         self.info, self.socket_path, self.metrics, self.clock = info, socket_path, metrics, clock
         self.on_change = on_change
-        self.servicer = RegistrationServicer(info, self._on_status)
+        self.servicer = RegistrationServicer(info, self._notified)
         self.phase = RegistrationPhase.STOPPED
         self.registered = 0
         self.refused = 0
@@ -210,10 +210,6 @@ class RegistrationService:
             self.restart("registration refused")
 
     def _on_status(self, status: Status) -> None:
-        self._take(status)
-        self.on_change()
-
-    def _take(self, status: Status) -> None:
         with self._lock:
             if status.registered:
                 self.registered += 1
@@ -233,6 +229,10 @@ class RegistrationService:
                 retry_in=f"{delay:g}s",
             )
             self._transition(RegistrationPhase.REFUSED, "the kubelet refused the registration")
+
+    def _notified(self, status: Status) -> None:
+        self._on_status(status)
+        self.on_change()
 
     def _transition(self, phase: RegistrationPhase, reason: str) -> None:
         if phase is not self.phase:
