@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from colad.cli import check
-from colad.cli.check import DraReport, RegistrationReport, ServiceReport, SliceRow, SlicesReport
+from colad.cli import check_dra
+from colad.cli.check import EXIT_NOTHING, EXIT_OK, EXIT_WRONG
+from colad.cli.check_dra import DraReport, RegistrationReport, ServiceReport, SliceRow, SlicesReport
 
 pytestmark = pytest.mark.unit
 DRIVER = "cola.myway5.com"
@@ -40,7 +41,7 @@ def info(**fields: object) -> RegistrationReport:
 def test_a_getinfo_answer_the_kubelet_would_refuse_is_a_problem(
     answer: RegistrationReport, problem: str | None
 ) -> None:
-    found = check.info_problems(answer, DRIVER, ENDPOINT)
+    found = check_dra.info_problems(answer, DRIVER, ENDPOINT)
     if problem is None:
         assert found == []
     else:
@@ -48,8 +49,8 @@ def test_a_getinfo_answer_the_kubelet_would_refuse_is_a_problem(
 
 
 def test_the_kubelet_calls_the_first_service_it_knows() -> None:
-    assert check.chosen_service(["v9.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"]) == "v1beta1.DRAPlugin"
-    assert check.chosen_service([]) is None
+    assert check_dra.chosen_service(["v9.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAPlugin"]) == "v1beta1.DRAPlugin"
+    assert check_dra.chosen_service([]) is None
 
 
 def test_slices_are_read_from_the_list_sorted_by_pool() -> None:
@@ -57,7 +58,7 @@ def test_slices_are_read_from_the_list_sorted_by_pool() -> None:
         {"metadata": {"name": "b"}, "spec": {"pool": {"name": "n/y", "generation": 2}, "devices": [{}, {}]}},
         {"metadata": {"name": "a"}, "spec": {"pool": {"name": "n/x", "generation": 1}}},
     ]
-    assert check.read_slices(items) == [SliceRow("a", "n/x", 1, 0), SliceRow("b", "n/y", 2, 2)]
+    assert check_dra.read_slices(items) == [SliceRow("a", "n/x", 1, 0), SliceRow("b", "n/y", 2, 2)]
 
 
 def report(**parts: object) -> DraReport:
@@ -71,22 +72,22 @@ def report(**parts: object) -> DraReport:
 
 
 def test_the_verdict_names_the_first_failing_step_and_counts_the_rest() -> None:
-    assert check.judge_dra(report()) == (
-        check.EXIT_OK,
+    assert check_dra.judge_dra(report()) == (
+        EXIT_OK,
         f"driver {DRIVER} answered GetInfo and NodePrepareResources; 1 slice(s) of node node-1, 2 device(s)",
     )
     refused = report(
         service=ServiceReport(socket=ENDPOINT, problems=["NodePrepareResources with no claims failed: UNAVAILABLE"]),
         slices=SlicesReport(selector="s", problems=["list failed: 403 Forbidden"]),
     )
-    assert check.judge_dra(refused) == (
-        check.EXIT_WRONG,
+    assert check_dra.judge_dra(refused) == (
+        EXIT_WRONG,
         "service: NodePrepareResources with no claims failed: UNAVAILABLE (and 1 more)",
     )
     gone = report(
         registration=RegistrationReport(socket=REG, dead=True, problems=["no such file"]),
         service=ServiceReport(socket=ENDPOINT, dead=True, problems=["no such file"]),
     )
-    assert check.judge_dra(gone) == (check.EXIT_NOTHING, f"{REG}: no such file (is colad running?)")
-    text = check.render_dra(refused, "reason")
+    assert check_dra.judge_dra(gone) == (EXIT_NOTHING, f"{REG}: no such file (is colad running?)")
+    text = check_dra.render(refused, "reason")
     assert "  problem:    list failed: 403 Forbidden" in text and text.endswith("\nreason")
