@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from colad.health.rule import DRA_SERVING, dra_registration_problem, slices_problem
+from colad.outputs.statefile import PluginState, SliceStatus
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 KUBE = ROOT / "packaging" / "kubernetes"
@@ -180,3 +183,12 @@ def test_the_recipe_agrees_with_itself_and_with_colads_daemonset() -> None:
     (port,) = [p["containerPort"] for p in colad["ports"] if p["name"] == "metrics"]
     assert env["CHECK_ENDPOINT"] == f"http://127.0.0.1:{port}/readyz"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_the_readme_quotes_the_reasons_dra_mode_gives() -> None:
+    """The recipe reads the same /readyz in both modes; what its README says DRA mode answers is what it answers."""
+    text = " ".join((NRR / "README.md").read_text().split())
+    waiting = PluginState(pid=1, dra_driver="d", dra_registration=DRA_SERVING, dra_slices=SliceStatus(wanted=True))
+    assert f"`{dra_registration_problem(waiting)}`" in text
+    outage = SliceStatus(wanted=True, published=True, pending=True, failing="list: ...")
+    assert f"`{slices_problem(outage)}`" in text
