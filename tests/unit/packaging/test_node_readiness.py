@@ -185,6 +185,28 @@ def test_the_recipe_agrees_with_itself_and_with_colads_daemonset() -> None:
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
+def test_the_reporter_runs_as_the_pods_identity_with_a_token_of_its_own() -> None:
+    """The role is bound to the base's ServiceAccount; the patch leaves the pod's identity alone and mounts the
+    token into the reporter alone, so the component combines with dra/, which binds its role to the same account."""
+    docs = load(NRR / "reporter-rbac.yaml")
+    assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding"]
+    role, binding = docs
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (account,) = [d for d in load(KUBE / "daemonset.yaml") if d["kind"] == "ServiceAccount"]
+    pod = _daemonset()["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"] and account["automountServiceAccountToken"] is False
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
+    ]
+    (patch,) = load(NRR / "reporter-sidecar.yaml")
+    spec = patch["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in spec
+    (container,) = spec["containers"]
+    (volume,) = spec["volumes"]
+    assert any("serviceAccountToken" in s for s in volume["projected"]["sources"])
+    assert [m["name"] for m in container["volumeMounts"]] == [volume["name"]]
+
+
 def test_the_readme_quotes_the_reasons_dra_mode_gives() -> None:
     """The recipe reads the same /readyz in both modes; what its README says DRA mode answers is what it answers."""
     text = " ".join((NRR / "README.md").read_text().split())
