@@ -4,6 +4,7 @@ Reads every colad-*.sock in the kubelet directory (or one --socket) over the dev
 options, the first ListAndWatch message, one Allocate per device, one GetPreferredAllocation;
 the resource name from the plugin's state file. Writes a table (or JSON) to stdout, one reason
 line to stderr. Exit codes: 0 all answered and allocated; 1 something answered wrong; 3 nothing to dial.
+In DRA mode `colad check` runs check_dra.py instead (cli/main.py, DRA_COMMANDS).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def find_sockets(kubelet_dir: str) -> list[str]:
     return [os.path.join(kubelet_dir, n) for n in names]
 
 
-def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
+def rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     return (code.name if code else "UNKNOWN"), (details or "")
@@ -262,7 +263,7 @@ class SocketCheck:
             self.report.problems.append("ListAndWatch ended without sending a device list")
             return
         except grpc.RpcError as exc:
-            code, _ = _rpc_error(exc)
+            code, _ = rpc_error(exc)
             if code == "DEADLINE_EXCEEDED":
                 self.report.problems.append(f"ListAndWatch sent nothing within {self.timeout:g} s")
             else:
@@ -282,7 +283,7 @@ class SocketCheck:
             try:
                 answer = stub.Allocate(request, timeout=self.timeout, metadata=CHECK_METADATA)
             except grpc.RpcError as exc:
-                code, details = _rpc_error(exc)
+                code, details = rpc_error(exc)
                 device.allocate = AllocateResult(False, details, code)
                 timed_out = code == "DEADLINE_EXCEEDED"
             else:
@@ -312,7 +313,7 @@ class SocketCheck:
             self.report.problems.append(f"GetPreferredAllocation of size 1 from the healthy devices chose {chosen}")
 
     def fail(self, method: str, exc: grpc.RpcError) -> None:
-        code, details = _rpc_error(exc)
+        code, details = rpc_error(exc)
         self.report.problems.append(f"{method} failed: {code} {details}".rstrip())
 
 

@@ -29,6 +29,9 @@ COMMANDS = {
     "check": ("colad.cli.check", "dial the plugin socket(s) like the kubelet: list, then Allocate each device"),
 }
 
+# The module a command runs in DRA mode, where it is not the one COMMANDS names.
+DRA_COMMANDS = {"check": "colad.cli.check_dra"}
+
 # The long-running commands, which take config flags only: run by their name alone, they parse nothing.
 BARE_COMMANDS = ROLE_NAMES | {"supervise"}
 
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colad: {exc}", file=sys.stderr)
         return 2
     assert command is not None
-    module = importlib.import_module(COMMANDS[command][0])
+    name = DRA_COMMANDS.get(command, COMMANDS[command][0]) if cfg.dra_mode else COMMANDS[command][0]
+    module = importlib.import_module(name)
     return int(module.main(args, cfg))
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from colad.config.config import Config
 from colad.core import inuse
-from colad.health.rule import STARTING, RoleView, role_view
+from colad.health.rule import STARTING, RoleView, dra_registration_problem, role_view, slices_problem
 from colad.health.supervisor import restarts, supervisor_proxy
 from colad.outputs import statefile
 from colad.outputs.statefile import StateFileError, StateFileMissing
@@ -172,6 +172,7 @@ def render_status(report: dict[str, Any]) -> str:
         lines.append(
             f"mode:       dra (driver {state.dra_driver}, registration {state.dra_registration or '-'}{stale})"
         )
+        lines += _render_dra(state)
     for r in state.resources if state else ():
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.since))
         lines.append("")
@@ -212,6 +213,22 @@ def _render_source(source: dict[str, Any] | None, ready: dict[str, Any] | None) 
     age = source.get("age_s")
     when = f"written {age:.0f}s ago" if isinstance(age, int | float) else "written at an unknown time"
     return ["", f"source:     the state file, {when} by {source['writer']}: NOT LIVE, the plugin did not answer"]
+
+
+def _render_dra(state: statefile.PluginState) -> list[str]:
+    """The DRA side: why not registered, this node's slices and how current, claims, the last API error."""
+    lines = []
+    if unregistered := dra_registration_problem(state):
+        lines.append(f"registered: no: {unregistered}")
+    s = state.dra_slices
+    current = "current" if s.current else slices_problem(s).removeprefix("slices ")
+    lines.append(f"slices:     {s.slices} published, {s.devices} devices, {current}")
+    lines.append(f"claims:     {state.dra_claims} prepared")
+    if s.failing:
+        lines.append(f"api error:  {s.failing} (failing now)")
+    else:
+        lines.append(f"api error:  {s.last_error + ' (answered since)' if s.last_error else 'none'}")
+    return lines
 
 
 def _render_sick(sick: statefile.SickList) -> list[str]:

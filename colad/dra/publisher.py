@@ -23,6 +23,7 @@ from colad.core.devices import DeviceSet
 from colad.core.slices import ExistingSlice, Pool, SlicePlan, plan, pool, pool_names, read_slice, slice_object
 from colad.kube.client import KubeClient, WatchEvent, field_selector
 from colad.kube.errors import ApiError, Conflict, Expired, KubeError, NotFound, error_code
+from colad.outputs.statefile import SliceStatus
 from colad.runtime import log
 from colad.runtime.log import EventLogger
 
@@ -50,7 +51,8 @@ class SlicePublisher:
     failed call: verb one of list, watch, get, create, update, delete; code the HTTP status or
     "unreachable"; `count_write(verb)` for every write the server accepted (create, update, delete).
     wait_converged() is for tests and shutdown: the API server held the last publish() exactly when it
-    returns True; held() says the same without waiting, with the number of slices.
+    returns True. status() says how current the slices are (for /readyz, `colad status` and the metrics);
+    `on_change()` is called, from the publisher's threads, whenever it may have changed.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class SlicePublisher:
         backoff: Backoff = RETRY,
         draw: Callable[[], float] = random.random,
         watch_seconds: int = WATCH_SECONDS,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -83,6 +86,7 @@ class SlicePublisher:
         self._backoff = backoff
         self._draw = draw
         self._watch_seconds = watch_seconds
+        self._on_change = on_change
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         # Guarded by _cond: what to publish (None: nothing yet; withdrawn: no pools), its number, and
@@ -100,14 +104,19 @@ class SlicePublisher:
         self._written: dict[str, set[str]] = {}
         self._deleted: set[str] = set()
         self._threads: list[threading.Thread] = []
-        self._slices = 0  # guarded by _cond: this node's slices of the driver after the last sync
         # Guarded by _cond: the slices as the last sync left them, kept while no outside change is seen
         # (None: list them), and the number of outside changes seen.
-        self._held: list[ExistingSlice] | None = None
+        self._last_sync: list[ExistingSlice] | None = None
         self._outside = 0
         # Held by the sync thread from a write's call until its answer is noted, and by the watch
         # thread while it tells an echo: _cond is never held across a call.
         self._writing = threading.Lock()
+        # Guarded by _cond, for status(): the failing call ("" once one is answered), the last failure,
+        # whether a publish was ever held, and the slices and devices of the last sync.
+        self._failing = ""
+        self._last_error = ""
+        self._held = False
+        self._synced = (0, 0)
 
     # --- the caller's side -------------------------------------------------------------------------
 
@@ -152,11 +161,18 @@ class SlicePublisher:
         with self._cond:
             return self._cond.wait_for(lambda: self._converged == self._generation and not self._dirty, timeout)
 
-    def held(self) -> tuple[int, bool]:
-        """This node's slices of the driver after the last sync, and whether the API server holds the
-        last publish() with no change pending (what wait_converged() waits for)."""
+    def status(self) -> SliceStatus:
+        """How current this node's slices are now (colad/health/rule.py decides what that means)."""
         with self._cond:
-            return self._slices, self._converged == self._generation and not self._dirty
+            return SliceStatus(
+                wanted=self._wanted is not None and set(self._wanted) >= set(self.resource_names),
+                published=self._held and not self._withdrawn,
+                pending=self._wanted is not None and (self._dirty or self._converged != self._generation),
+                failing=self._failing,
+                last_error=self._last_error,
+                slices=self._synced[0],
+                devices=self._synced[1],
+            )
 
     def stop(self, timeout: float = STOP_JOIN) -> bool:
         """End both threads (the open watch is closed); True when they ended within `timeout`."""
@@ -179,7 +195,7 @@ class SlicePublisher:
         """The API server may no longer hold what was published: sync again, from a new list."""
         with self._cond:
             self._dirty = True
-            self._held = None
+            self._last_sync = None
             self._outside += 1
             self._cond.notify_all()
 
@@ -225,7 +241,9 @@ class SlicePublisher:
             with self._cond:
                 if not self._dirty:
                     self._converged = generation
+                    self._held = self._held or not withdrawn
                 self._cond.notify_all()
+            self._on_change()
 
     def _retry(self, delay: float) -> None:
         with self._cond:
@@ -236,10 +254,27 @@ class SlicePublisher:
     def _call(self, verb: str, call: Callable[[], Any]) -> Any:
         """One API call, its failure counted and raised."""
         try:
-            return call()
+            answer = call()
         except KubeError as exc:
             self._count_error(verb, error_code(exc))
+            self._failed(verb, exc)
             raise
+        self._answered()
+        return answer
+
+    def _answered(self) -> None:
+        with self._cond:
+            was, self._failing = self._failing, ""
+        if was:
+            self._on_change()
+
+    def _failed(self, verb: str, exc: KubeError) -> None:
+        if isinstance(exc, Conflict | NotFound | Expired):  # answers that say "read again", not a failing server
+            self._answered()
+            return
+        with self._cond:
+            self._failing = self._last_error = f"{verb}: {exc}"
+        self._on_change()
 
     def _pools(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> tuple[list[Pool], list[str]]:
         """The pools to publish, and the names of those whose devices are not known (left as held)."""
@@ -250,8 +285,8 @@ class SlicePublisher:
 
     def _sync(self, wanted: Mapping[str, DeviceSet], withdrawn: bool) -> None:
         with self._cond:
-            existing, outside = self._held, self._outside
-            self._held = None  # until this sync ends well: a failed one lists again
+            existing, outside = self._last_sync, self._outside
+            self._last_sync = None  # until this sync ends well: a failed one lists again
         if existing is None:
             items, _ = self._call("list", lambda: self.client.list_slices(self._selector))
             existing = [read_slice(o) for o in items]
@@ -259,11 +294,11 @@ class SlicePublisher:
                 self._written = {s.name: self._written[s.name] for s in existing if s.name in self._written}
         pools, unknown = self._pools(wanted, withdrawn)
         todo = plan(self.driver, self.node_name, pools, existing, unknown)
-        held = self._apply(todo, existing) if todo else existing
+        after = self._apply(todo, existing) if todo else existing
         with self._cond:
-            self._slices = len(existing) - len(todo.delete) + len(todo.create)
+            self._synced = (len(after), sum(len(s.devices) for s in after))
             if self._outside == outside:
-                self._held = held
+                self._last_sync = after
 
     def _owner_uid(self) -> str:
         """The Node's UID for the slices' ownerReference; "" (no owner) when the Node cannot be read."""
@@ -400,6 +435,7 @@ class SlicePublisher:
                     self._poke()
         except KubeError as exc:
             self._count_error("watch", error_code(exc))
+            self._failed("watch", exc)
             raise
         finally:
             with self._cond:

@@ -121,6 +121,7 @@ class RegistrationService:
 
     `registered` and `refused` count the kubelet's answers. Statuses arrive on gRPC threads; every
     server start and stop happens on the caller's thread (start, stop, check), never on a gRPC one.
+    `on_change()` is called on the gRPC thread after each status, so the host can publish the new phase.
     """
 
     def __init__(
@@ -130,9 +131,11 @@ class RegistrationService:
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.info, self.socket_path, self.metrics, self.clock = info, socket_path, metrics, clock
-        self.servicer = RegistrationServicer(info, self._on_status)
+        self.on_change = on_change
+        self.servicer = RegistrationServicer(info, self._notified)
         self.phase = RegistrationPhase.STOPPED
         self.registered = 0
         self.refused = 0
@@ -226,6 +229,10 @@ class RegistrationService:
                 retry_in=f"{delay:g}s",
             )
             self._transition(RegistrationPhase.REFUSED, "the kubelet refused the registration")
+
+    def _notified(self, status: Status) -> None:
+        self._on_status(status)
+        self.on_change()
 
     def _transition(self, phase: RegistrationPhase, reason: str) -> None:
         if phase is not self.phase:

@@ -3,7 +3,9 @@
 Healthy (`assess`): every resource registered with a live stream and an uncut list, every
 role RUNNING or STARTING (when supervised), discovery heard from recently, the queue listening,
 the state file written and the last reload taken. Ready (/readyz): registered with the current
-kubelet, streamed, and the list exact (see `readiness`). Otherwise one line naming every reason.
+kubelet, streamed, and the list exact (see `readiness`); in DRA mode registered with the kubelet's
+plugin watcher and this node's slices published and current (`dra_readiness`). Otherwise one line
+naming every reason.
 The plugin's HTTP thread and status socket call these on the published snapshot; nothing locks.
 """
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from colad.core import constants
 from colad.core.roles import PLUGIN, ROLES
-from colad.outputs.statefile import PluginState
+from colad.outputs.statefile import PluginState, SliceStatus
 
 # The programs of supervisord's colad group, in its order: the plugin first.
 PROGRAMS = (PLUGIN.name, *(r.name for r in ROLES if r is not PLUGIN))
@@ -24,6 +26,11 @@ _ON_ITS_WAY = ("starting", "registering")
 # silent for this many intervals (plus slack), the list the kubelet holds may be stale.
 SILENT_INTERVALS = 3
 SILENT_SLACK = 10.0
+# The DRA registration's phase once the kubelet said "registered" (colad.dra.registration.RegistrationPhase,
+# a layer above: a test holds the two equal), and the one the kubelet's refusal leaves.
+DRA_REGISTERED = "registered"
+DRA_REFUSED = "refused"
+DRA_SERVING = "serving"
 
 
 def degraded(role: str, counters: tuple[tuple[str, int], ...]) -> str:
@@ -68,8 +75,10 @@ def readiness(snapshot: PluginSnapshot, now: float) -> tuple[bool, str]:
     limit, not older than the latest change). Roles are not asked: a restarting discovery or
     watcher does not change what the kubelet holds; a discovery gone silent does.
     """
-    problems = []
     state = snapshot.state
+    if state.dra_driver:
+        return dra_readiness(state, _silent(snapshot, now))
+    problems = []
     if not state.resources:
         problems.append("no resources")
     for r in state.resources:
@@ -90,6 +99,54 @@ def readiness(snapshot: PluginSnapshot, now: float) -> tuple[bool, str]:
     if problems:
         return False, "; ".join(problems)
     return True, "ready: " + "; ".join(f"{r.name}, {r.devices} devices" for r in state.resources) + _degraded(state)
+
+
+def dra_registration_problem(state: PluginState) -> str:
+    """Why the DRA driver is not registered with the kubelet's plugin watcher ("" when it is)."""
+    if state.dra_registration == DRA_REGISTERED:
+        return ""
+    if state.dra_registration == DRA_REFUSED:
+        detail = f"refused: {state.dra_registration_error or 'no reason given'}"
+    elif state.dra_problem:
+        detail = state.dra_problem
+    elif state.dra_registration == DRA_SERVING:
+        detail = "the registration socket is served; no word from the kubelet yet"
+    else:
+        detail = state.dra_registration or "not started"
+    return f"not registered with the kubelet plugin watcher ({detail})"
+
+
+def slices_problem(slices: SliceStatus) -> str:
+    """Why this node's slices are not current ("" when they are): what the API server may lack, and why."""
+    if slices.current:
+        return ""
+    if not slices.wanted:
+        why = "no device list from discovery yet"
+    elif slices.failing:
+        waits = "a change waits to be written" if slices.pending or not slices.published else "changes unseen"
+        why = f"API server failing ({slices.failing}); {waits}"
+    elif not slices.published:
+        why = "not yet published"
+    else:
+        why = "a change not yet written"
+    return f"slices not current: {why}"
+
+
+def dra_readiness(state: PluginState, silent: str = "") -> tuple[bool, str]:
+    """DRA mode's /readyz: (True, "ready: ...") exactly when the kubelet registered the driver and the API
+    server holds this node's slices as discovery last reported them, else every reason why not.
+
+    The scheduler allocates from the slices and the kubelet prepares through the registered driver:
+    with either missing or stale, a pod may be bound to devices colad does not list now. A discovery
+    gone silent leaves the slices stale as well.
+    """
+    problems = [p for p in (dra_registration_problem(state), slices_problem(state.dra_slices), silent) if p]
+    if problems:
+        return False, "; ".join(problems)
+    s = state.dra_slices
+    return True, f"ready: driver {state.dra_driver} registered; {s.devices} devices in {s.slices} slices" + _degraded(
+        state
+    )
 
 
 @dataclass(frozen=True)
@@ -143,7 +200,10 @@ def assess(
     yet dialled back) is waiting, as is everything while supervisord says the plugin itself is STARTING.
     `unasked` says why `colad status` cannot ask the plugin now: then it cannot say healthy, nor may this.
     `refused` names device directories the trust rule refuses now (a directory refused from the
-    start has no device to carry the reason): each is a problem.
+    start has no device to carry the reason): each is a problem. In DRA mode a driver the kubelet
+    refused, or whose sockets are not served, is a problem; one served with no word from the kubelet
+    yet is waiting. Slices not current are a matter of readiness, not health: an API-server outage is
+    not mended by restarting colad.
     """
     problems: list[str] = []
     waiting: list[str] = []
@@ -162,6 +222,9 @@ def assess(
                 f"{r.name}: list cut to {r.cut.wanted - r.cut.dropped} of {r.cut.wanted} device IDs "
                 f"to fit the kubelet's {constants.KUBELET_MAX_RECV_MESSAGE_BYTES} byte message limit"
             )
+    if state.dra_driver and (unregistered := dra_registration_problem(state)):
+        on_its_way = state.dra_registration == DRA_SERVING and not state.dra_problem
+        (waiting if on_its_way or plugin_starting else problems).append(unregistered)
     problems.extend(roles.problems if roles is not None else ())
     if silent := _silent(snapshot, now):
         problems.append(silent)
@@ -175,6 +238,8 @@ def assess(
     if state.reload is not None and not state.reload.ok:
         problems.append(f"last reload refused, the running config stays: {state.reload.reason}")
     parts = [f"{r.name}, {r.devices} devices" for r in state.resources]
+    if state.dra_driver:
+        parts = [f"DRA driver {state.dra_driver}, {state.dra_slices.devices} devices published"]
     unchecked = "" if roles is not None else " (not under supervisord: roles not checked)"
     return Verdict(
         tuple(problems), tuple(waiting), "ok: registered as " + "; ".join(parts) + unchecked + _degraded(state)

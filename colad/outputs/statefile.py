@@ -135,6 +135,27 @@ class ReloadResult:
 
 
 @dataclass(frozen=True)
+class SliceStatus:
+    """What the slice publisher knows of this node's slices at one moment (colad/dra/publisher.py builds it).
+
+    Current: the API server holds the last device sets handed over, no change by another writer is
+    unsynced, and the last call to the API server was answered. The health rule reads it for /readyz.
+    """
+
+    wanted: bool = False  # a device set of every resource was handed over (discovery has reported each)
+    published: bool = False  # the API server has held them at least once
+    pending: bool = False  # a change not yet at the API server: a newer device set, or another writer's
+    failing: str = ""  # the call that failed last, while no call has been answered since ("" none)
+    last_error: str = ""  # the last call that failed, answered since or not ("" none yet)
+    slices: int = 0  # this node's slices of the driver, as last synced
+    devices: int = 0  # the devices they list
+
+    @property
+    def current(self) -> bool:
+        return self.published and not self.pending and not self.failing
+
+
+@dataclass(frozen=True)
 class PluginState:
     """The whole plugin at one moment: an immutable snapshot, safe to hand to any thread."""
 
@@ -149,6 +170,10 @@ class PluginState:
     degraded: tuple[str, ...] = ()  # roles polling for an inotify limit, one text each (colad.health.rule.degraded)
     dra_driver: str = ""  # DRA mode: the driver served ("" device-plugin mode)
     dra_registration: str = ""  # DRA mode: the registration's phase (colad.dra.registration.RegistrationPhase)
+    dra_registration_error: str = ""  # DRA mode: the kubelet's last refusal ("" none since it last registered)
+    dra_problem: str = ""  # DRA mode: why the DRA socket or the API server's client is not served ("" none)
+    dra_slices: SliceStatus = SliceStatus()  # DRA mode: this node's slices, as the publisher knows them
+    dra_claims: int = 0  # DRA mode: claims prepared now
 
     def waiting(self) -> ResourceState | None:
         """The first resource not registered, else the first: the flat top-level fields describe it."""
@@ -225,8 +250,44 @@ def to_json(state: PluginState) -> dict[str, object]:
         "kubelet": state.kubelet,
         **({} if state.healthy is None else {"health": {"ok": state.healthy, "reason": state.health}}),
         **({"degraded": list(state.degraded)} if state.degraded else {}),
-        **({"dra": {"driver": state.dra_driver, "registration": state.dra_registration}} if state.dra_driver else {}),
+        **({"dra": _dra_json(state)} if state.dra_driver else {}),
     }
+
+
+def _dra_json(state: PluginState) -> dict[str, object]:
+    s = state.dra_slices
+    return {
+        "driver": state.dra_driver,
+        "registration": state.dra_registration,
+        "registration_error": state.dra_registration_error,
+        "problem": state.dra_problem,
+        "claims_prepared": state.dra_claims,
+        "slices": {
+            "wanted": s.wanted,
+            "published": s.published,
+            "pending": s.pending,
+            "current": s.current,
+            "failing": s.failing,
+            "last_error": s.last_error,
+            "count": s.slices,
+            "devices": s.devices,
+        },
+    }
+
+
+def _slices_from(dra: dict[str, object]) -> SliceStatus:
+    raw = dra.get("slices") or {}
+    if not isinstance(raw, dict):
+        raise StateFileError("dra.slices: not an object")
+    return SliceStatus(
+        wanted=_bool(raw, "wanted"),
+        published=_bool(raw, "published"),
+        pending=_bool(raw, "pending"),
+        failing=_str(raw, "failing"),
+        last_error=_str(raw, "last_error"),
+        slices=_int(raw, "count", 0),
+        devices=_int(raw, "devices", 0),
+    )
 
 
 def _int(raw: dict[str, object], key: str, default: int = 0) -> int:
@@ -345,6 +406,10 @@ def from_json(raw: object) -> PluginState:
         degraded=_texts(raw.get("degraded", [])),
         dra_driver=_str(dra, "driver"),
         dra_registration=_str(dra, "registration"),
+        dra_registration_error=_str(dra, "registration_error"),
+        dra_problem=_str(dra, "problem"),
+        dra_slices=_slices_from(dra),
+        dra_claims=_int(dra, "claims_prepared", 0),
     )
 
 

@@ -30,6 +30,7 @@ from colad.kube.access import Credentials, from_kubeconfig, in_cluster
 from colad.kube.client import KubeClient
 from colad.metrics.registry import DraState, Metrics
 from colad.outputs.socketpath import claim_socket_path
+from colad.outputs.statefile import SliceStatus
 from colad.runtime import log
 
 TYPE_CHECKING = False  # typing is not loaded at run time: docs/DEVELOPING.md, "Import cost"
@@ -120,7 +121,9 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 class DraHost:
     """One DRA driver served from the plugin process: start(), publish() per device-set change, check() on
-    the life-cycle loop's timer and on the watcher's word, stop(withdraw=...) at the end or a mode switch."""
+    the life-cycle loop's timer and on the watcher's word, stop(withdraw=...) at the end or a mode switch.
+    `on_change()` is called from the registration's and the publisher's threads when what `slices()` or
+    `phase` say may have changed, so the life-cycle thread publishes it."""
 
     def __init__(
         self,
@@ -129,13 +132,19 @@ class DraHost:
         *,
         client_factory: Callable[[Config], KubeClient] = kube_client,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.metrics, self.clock = cfg, metrics, clock
+        self.on_change = on_change
         self.driver = cfg.dra_driver_name
         self.node_name = cfg.resolved_node_name
         self.plugin_socket = cfg.dra_plugin_socket
         self.registration = RegistrationService(
-            plugin_info(self.driver, self.plugin_socket), cfg.dra_registration_socket, metrics, clock=clock
+            plugin_info(self.driver, self.plugin_socket),
+            cfg.dra_registration_socket,
+            metrics,
+            clock=clock,
+            on_change=on_change,
         )
         self.client_factory = client_factory
         self.client: KubeClient | None = None
@@ -161,10 +170,16 @@ class DraHost:
 
     def state(self) -> DraState:
         """Claims prepared and slices held now, for the metrics (read at scrape time, from its thread)."""
-        publisher, services = self.publisher, self._services
-        slices, current = publisher.held() if publisher is not None else (0, False)
-        prepared = sum(s.prepared() for s in services if isinstance(s, DraPluginService))
-        return DraState(self.driver, prepared, slices, current)
+        status = self.slices()
+        return DraState(self.driver, self.claims_prepared(), status.slices, status.current)
+
+    def slices(self) -> SliceStatus:
+        """This node's slices as the publisher knows them (none yet without an API-server client)."""
+        publisher = self.publisher
+        return publisher.status() if publisher is not None else SliceStatus()
+
+    def claims_prepared(self) -> int:
+        return sum(s.prepared() for s in self._services if isinstance(s, DraPluginService))
 
     def start(self) -> None:
         """Serve both sockets and start publishing; what fails is logged and tried again by check()."""
@@ -193,6 +208,7 @@ class DraHost:
             resource_names=[r.name for r in self.cfg.resources],
             count_error=lambda verb, code: family.labels(verb, code).inc(),
             count_write=lambda verb: writes.labels(self.driver, verb).inc(),
+            on_change=self.on_change,
         ).start()
         if self._published:
             self.publisher.publish(self._devices)

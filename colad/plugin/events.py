@@ -64,6 +64,12 @@ class CallDone:
     handle: Call
 
 
+# Posted by the DRA host's threads (registration, slice publisher).
+@dataclass(frozen=True)
+class DraChanged:
+    """The DRA registration or this node's slices may have changed: publish the snapshot anew."""
+
+
 # Posted by the queue thread and the signal thread.
 @dataclass(frozen=True)
 class Received:
@@ -106,4 +112,5 @@ LifecycleEvent = (
     | CallDone
     | ObserversLoaded
     | ThreadDied
+    | DraChanged
 )

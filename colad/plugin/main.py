@@ -19,7 +19,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from colad.config import config
 from colad.config.config import Config, Resource
@@ -209,8 +209,7 @@ class Plugin:
             reload=self.last_reload,
             kubelet=self.kubelet_now,
             degraded=tuple(text for _, text in sorted(self.degraded.items()) if text),
-            dra_driver=self.dra.driver if self.dra else "",
-            dra_registration=self.dra.phase if self.dra else "",
+            **(self._dra_fields() if self.dra else {}),
         )
         held, changed = self.snapshot, state != self.snapshot.state  # the one deep comparison
         kept = state if changed else held.state  # unchanged: the same object, compared by identity below
@@ -229,6 +228,20 @@ class Plugin:
                 due = max(now, self.state_written + STATE_FILE_INTERVAL)
             self.state_due = due if self.state_due is None else min(self.state_due, due)
         self.snapshot = snapshot
+
+    def _dra_fields(self) -> dict[str, Any]:
+        """The DRA host's part of the published state."""
+        assert self.dra is not None
+        registration = self.dra.registration
+        return {
+            "dra_driver": self.dra.driver,
+            "dra_registration": self.dra.phase,
+            "dra_registration_error": registration.last_error,
+            "dra_problem": self.dra.problem
+            or (registration.serve_problem and f"{registration.socket_path}: {registration.serve_problem}"),
+            "dra_slices": self.dra.slices(),
+            "dra_claims": self.dra.claims_prepared(),
+        }
 
     def write_state(self, *, now: bool = False) -> None:
         """Write the published snapshot to the state file once it is due (or `now`), if it changed.
@@ -341,7 +354,7 @@ class Plugin:
         from colad.plugin.dra_host import DraHost
 
         self.metrics.serve_dra()
-        self.dra = DraHost(self.cfg, self.metrics, clock=self.clock)
+        self.dra = DraHost(self.cfg, self.metrics, clock=self.clock, on_change=lambda: self.events.put(ev.DraChanged()))
         self.dra.start()
         self.publish_dra()
 

@@ -514,3 +514,78 @@ def test_a_rotated_kubeconfig_token_is_used_without_a_restart(
         since = set(apiserver.identities[seen:])
         refused = [r for r in apiserver.requests if r[2] == 401]
     assert since == {"token:rotated-token"} and refused == [], (since, refused)
+
+
+def colad_command(colad: ColadService, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "colad", *words], env=colad.env, capture_output=True, text=True, timeout=60
+    )
+
+
+def wait_readyz(url: str, status: int, needle: str) -> str:
+    """The body of /readyz once it answers `status` with `needle` in it."""
+
+    def seen() -> str:
+        code, body = http_get(url)
+        if code != status or needle not in body:
+            raise AssertionError(f"/readyz answered {code} {body!r}")  # wait_until reports the last one
+        return body
+
+    return wait_until(seen, WAIT, f"/readyz {status} saying {needle!r}")
+
+
+def test_readyz_status_and_check_follow_the_registration_and_the_slices(
+    short_tmp: Path, service: ColadService, watcher: FakePluginWatcher, apiserver: FakeApiServer
+) -> None:
+    watcher.stop()  # no kubelet yet: the registration socket is served, nobody registers the driver
+    service.add("cola-a", "cola-b")
+    service.start()
+    readyz = f"http://{metrics_address(service.run_dir)}/readyz"
+    wait_published(apiserver, {"cola-a", "cola-b"})
+    wait_readyz(readyz, 503, "not registered with the kubelet plugin watcher (the registration socket is served")
+    waiting = colad_command(service, "status")
+    assert waiting.returncode == 4, waiting.stdout + waiting.stderr  # on its way, not failing
+    assert "registered: no: not registered with the kubelet plugin watcher" in waiting.stdout, waiting.stdout
+
+    watcher.start()
+    watcher.wait_usable(DRIVER, timeout=WAIT)
+    assert wait_readyz(readyz, 200, "ready") == f"ready: driver {DRIVER} registered; 2 devices in 1 slices\n"
+    status = colad_command(service, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    for line in ("slices:     1 published, 2 devices, current", "claims:     0 prepared", "api error:  none"):
+        assert line in status.stdout, status.stdout
+    check = colad_command(service, "check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"  GetInfo:    DRAPlugin {DRIVER} endpoint {short_tmp / 'plugins' / DRIVER / 'dra.sock'}" in check.stdout
+    assert "NodePrepareResources (no claims): answered (v1.DRAPlugin)" in check.stdout, check.stdout
+    assert f"spec.nodeName={NODE},spec.driver={DRIVER}" in check.stdout and "1 slice(s), 2 device(s)" in check.stdout
+
+    apiserver.stop()  # an outage: not ready while the API server may hold what colad does not know
+    wait_readyz(readyz, 503, "slices not current: API server failing")
+    service.add("cola-c")
+    body = wait_readyz(readyz, 503, "a change waits to be written")
+    assert "not registered" not in body, body
+    status = colad_command(service, "status")
+    assert status.returncode == 0, status.stdout + status.stderr  # readiness, not health
+    assert "ready:      no: slices not current: API server failing" in status.stdout, status.stdout
+    assert "(failing now)" in status.stdout, status.stdout
+    check = colad_command(service, "check", "--json")
+    assert check.returncode == 1, check.stdout + check.stderr
+    found = json.loads(check.stdout)
+    assert found["registration"]["problems"] == [] and found["service"]["answered"], found
+    assert found["slices"]["problems"][0].startswith("list failed: "), found
+    assert found["reason"].startswith("slices: list failed: "), found
+
+    apiserver.start()
+    wait_published(apiserver, {"cola-a", "cola-b", "cola-c"})
+    assert wait_readyz(readyz, 200, "ready") == f"ready: driver {DRIVER} registered; 3 devices in 1 slices\n"
+    status = colad_command(service, "status")
+    assert "slices:     1 published, 3 devices, current" in status.stdout, status.stdout
+    assert "(answered since)" in status.stdout, status.stdout
+
+    service.expect_restart("plugin")
+    service.rpc().supervisor.stopProcess("colad:plugin")  # both sockets gone; the slices stay for the kubelet
+    check = colad_command(service, "check")
+    assert check.returncode == 3, check.stdout + check.stderr
+    assert f"{registration_socket(service)}: " in check.stderr and "(is colad running?)" in check.stderr
+    assert "1 slice(s), 3 device(s)" in check.stdout, check.stdout

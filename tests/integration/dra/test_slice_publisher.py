@@ -18,6 +18,7 @@ from colad.dra.publisher import SlicePublisher
 from colad.kube.access import Access, Credentials
 from colad.kube.client import SLICES, KubeClient
 from colad.kube.errors import UNREACHABLE
+from colad.outputs.statefile import SliceStatus
 from tests.fakes.apiserver import FakeApiServer, Pki
 from tests.helpers import wait_until
 
@@ -268,6 +269,40 @@ def test_an_outage_is_retried_counted_and_ends_exact(
     assert errors[("watch", UNREACHABLE)] + errors[("list", UNREACHABLE)] >= 3
 
 
+def test_status_says_current_only_while_the_api_server_holds_the_last_publish_and_answers(
+    fake: FakeApiServer, publishers: list[SlicePublisher], errors: Counter[tuple[str, str]]
+) -> None:
+    changes: list[SliceStatus] = []
+    publisher = SlicePublisher(
+        client_for(fake),
+        driver=DRIVER,
+        node_name=NODE,
+        resource_names=(RESOURCE,),
+        count_error=lambda verb, code: errors.update([(verb, code)]),
+        backoff=FAST,
+        on_change=lambda: changes.append(publisher.status()),
+    )
+    publishers.append(publisher)
+    assert publisher.status() == SliceStatus()  # nothing handed over: not wanted, not published
+    publisher.start()
+    converge(publisher, devices("cola0", "cola1", "cola2"))
+    wait_until(lambda: publisher.status().current or None, WAIT, "the slices current")
+    held = publisher.status()
+    assert (held.wanted, held.slices, held.devices, held.failing, held.last_error) == (True, 1, 3, "", "")
+    assert changes and changes[-1].current  # told, not only asked
+    fake.stop()
+    failing = wait_until(lambda: (s := publisher.status()).failing and s, WAIT, "the outage seen")
+    assert not failing.current and not failing.pending and failing.published  # the watch is cut: changes unseen
+    publisher.publish(devices("cola1"))
+    pending = wait_until(lambda: (s := publisher.status()).failing and s.pending and s, WAIT, "a change pending")
+    assert pending.failing.startswith(("list: ", "watch: ")) and pending.last_error, pending
+    fake.start()
+    assert publisher.wait_converged(WAIT)
+    back = wait_until(lambda: (s := publisher.status()).current and s, WAIT, "the slices current again")
+    assert (back.devices, back.failing) == (1, "") and back.last_error, back
+    assert changes[-1].current
+
+
 def test_a_watch_too_old_to_resume_lists_again(
     fake: FakeApiServer, start: Callable[..., SlicePublisher], errors: Counter[tuple[str, str]]
 ) -> None:
@@ -307,17 +342,18 @@ def test_withdraw_deletes_only_this_drivers_slices_on_this_node(
     assert [s["spec"]["driver"] for s in fake.node_slices(NODE)] == ["other.example.com"]
 
 
-def test_each_accepted_write_is_counted_and_held_says_how_many_slices_are_current(
+def test_each_accepted_write_is_counted_and_status_says_how_many_slices_are_current(
     fake: FakeApiServer, start: Callable[..., SlicePublisher], written: Counter[str]
 ) -> None:
     publisher = start()
-    assert publisher.held() == (0, False)  # nothing published yet
+    held = lambda: (publisher.status().slices, publisher.status().current)  # noqa: E731
+    assert held() == (0, False)  # nothing published yet
     converge(publisher, devices(*(f"cola{i:03d}" for i in range(300))))
-    assert publisher.held() == (3, True)
+    assert held() == (3, True)
     converge(publisher, devices("cola000"))
-    assert publisher.held() == (1, True)
+    assert held() == (1, True)
     assert publisher.withdraw(WAIT)
-    assert publisher.held() == (0, True)
+    assert held() == (0, False)  # withdrawn: none held, and nothing published to be current
     methods = {"create": "POST", "update": "PUT", "delete": "DELETE"}
     assert writes(fake) == Counter({methods[verb]: n for verb, n in written.items()})
     assert set(written) == {"create", "update", "delete"}
@@ -346,7 +382,8 @@ def test_a_restarted_publisher_leaves_the_slices_as_held_until_it_knows_the_devi
     converge(restarted, {other: many[other]})  # one resource heard, unchanged
     assert writes(fake) == before
     assert {s["metadata"]["name"]: s for s in fake.node_slices(NODE, DRIVER)} == held
-    assert restarted.held() == (len(held), True)
+    status = restarted.status()
+    assert (status.slices, status.pending) == (len(held), False)
 
     converge(restarted, {RESOURCE: many[RESOURCE], other: DeviceSet()})  # heard with no devices: emptied
     assert published(fake) == sorted(f"cola{i:03d}" for i in range(130))

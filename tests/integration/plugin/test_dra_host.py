@@ -149,3 +149,28 @@ def test_the_metrics_show_the_hosts_slices_and_claims_while_it_serves(
     assert value("colad_dra_slice_writes_total", {**driver, "verb": "create"}) == 1
     host.stop(withdraw=False)
     assert value("colad_dra_slices_current", driver) is None  # a switch back to the device plugin: no alert
+
+
+def test_the_host_tells_when_the_kubelet_registered_it_and_when_its_slices_are_current(
+    cfg: Config, apiserver: FakeApiServer, watcher: FakePluginWatcher, hosts: list[DraHost]
+) -> None:
+    told: list[tuple[str, bool]] = []  # (phase, slices current) as seen at each call: what the plugin publishes
+    host = DraHost(
+        cfg,
+        Metrics(dra=True),
+        client_factory=lambda _cfg: KubeClient(
+            Credentials(Access(server=apiserver.url, ca_file=str(apiserver.pki.ca), token=TOKEN))
+        ),
+        on_change=lambda: told.append((host.phase, host.slices().current)),
+    )
+    hosts.append(host)
+    assert not host.slices().wanted and host.claims_prepared() == 0  # nothing served yet
+    host.start()
+    host.publish({cfg.resources[0].name: devices("cola-a", "cola-b")})
+    watcher.wait_registration(timeout=WAIT)
+    wait_until(lambda: ("registered", True) in told or None, WAIT, "told of the registration and current slices")
+    held = host.slices()
+    assert (held.current, held.slices, held.devices) == (True, 1, 2)
+    apiserver.stop()
+    wait_until(lambda: any(not current for _, current in told[-1:]) or None, WAIT, "told of the outage")
+    assert host.slices().failing and host.phase == "registered"

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from colad.outputs import statefile
-from colad.outputs.statefile import ListCut, PluginState, ReloadResult, ResourceState, StateFileError, StateFileMissing
+from colad.outputs.statefile import (
+    ListCut,
+    PluginState,
+    ReloadResult,
+    ResourceState,
+    SliceStatus,
+    StateFileError,
+    StateFileMissing,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -274,9 +282,35 @@ def test_check_shows_why_each_unhealthy_device_is() -> None:
 
 def test_dra_mode_is_written_only_in_dra_mode_and_read_back() -> None:
     assert "dra" not in statefile.to_json(PluginState(pid=1))
-    state = PluginState(pid=1, dra_driver="cola.myway5.com", dra_registration="registered")
+    state = PluginState(
+        pid=1,
+        dra_driver="cola.myway5.com",
+        dra_registration="registered",
+        dra_slices=SliceStatus(wanted=True, published=True, last_error="list: refused", slices=1, devices=2),
+        dra_claims=3,
+    )
     written = statefile.to_json(state)
-    assert written["dra"] == {"driver": "cola.myway5.com", "registration": "registered"}
+    assert written["dra"] == {
+        "driver": "cola.myway5.com",
+        "registration": "registered",
+        "registration_error": "",
+        "problem": "",
+        "claims_prepared": 3,
+        "slices": {
+            "wanted": True,
+            "published": True,
+            "pending": False,
+            "current": True,
+            "failing": "",
+            "last_error": "list: refused",
+            "count": 1,
+            "devices": 2,
+        },
+    }
     assert statefile.from_json(json.loads(json.dumps(written))) == state
+    short = {"driver": "cola.myway5.com", "registration": "serving"}  # a writer without the slices' part
+    assert statefile.from_json({**written, "dra": short}).dra_slices == SliceStatus()
     with pytest.raises(StateFileError, match="dra"):
         statefile.from_json({**written, "dra": ["registered"]})
+    with pytest.raises(StateFileError, match="dra.slices"):
+        statefile.from_json({**written, "dra": {**short, "slices": ["current"]}})

@@ -1,6 +1,6 @@
-"""packaging/kubernetes/dra: the DRA component's RBAC is exactly what colad calls, its admission policy
-lets colad-dra write only its own node's slices of its own driver, and the DaemonSet patch gives colad
-what its config and its in-cluster credentials expect.
+"""packaging/kubernetes/dra: the DRA component's RBAC is exactly what colad calls and is bound to the pod's
+ServiceAccount `colad`, its admission policy lets that ServiceAccount write only its own node's slices of
+its own driver, and the DaemonSet patch gives colad what its config and its in-cluster credentials expect.
 
 The ClusterRole is compared with the API calls colad's code makes: every KubeClient method is mapped to
 the RBAC verb and resource it needs (a method added later fails the test until it is mapped), and the
@@ -36,7 +36,7 @@ KUBE = ROOT / "packaging" / "kubernetes"
 DRA = KUBE / "dra"
 # The oldest release with resource.k8s.io/v1 (the DeviceClass; the policy is v1 since 1.30).
 K8S_VERSION = "1.34.0"
-SERVICE_ACCOUNT = "system:serviceaccount:kube-system:colad-dra"
+SERVICE_ACCOUNT = "system:serviceaccount:kube-system:colad"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 
 # What each KubeClient method asks the API server for: (API group, resource, RBAC verb). `request` is the
@@ -63,8 +63,8 @@ def need(name: str) -> ModuleType:
         pytest.skip(f"{name} is not installed")
 
 
-def load(name: str) -> list[dict[str, Any]]:
-    return [d for d in need("yaml").safe_load_all((DRA / name).read_text(encoding="utf-8")) if d]
+def load(name: str, folder: Path = DRA) -> list[dict[str, Any]]:
+    return [d for d in need("yaml").safe_load_all((folder / name).read_text(encoding="utf-8")) if d]
 
 
 def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -144,8 +144,12 @@ def test_the_cluster_role_grants_exactly_the_calls_colad_makes() -> None:
 
 def test_the_binding_gives_the_role_to_the_service_account_the_pod_runs_as() -> None:
     docs = load("rbac.yaml")
-    account, role, binding = one(docs, "ServiceAccount"), one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding")
+    assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding"]  # no identity of its own
+    role, binding = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding")
+    base = load("daemonset.yaml", KUBE)
+    account, daemonset = one(base, "ServiceAccount"), one(base, "DaemonSet")
     assert account["automountServiceAccountToken"] is False  # the token is mounted into colad's container only
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -155,7 +159,7 @@ def test_the_binding_gives_the_role_to_the_service_account_the_pod_runs_as() -> 
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
     ]
     (patch,) = load("daemonset-dra.yaml")
-    assert patch["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert "serviceAccountName" not in patch["spec"]["template"]["spec"]  # the base's identity stays
     meta = account["metadata"]
     assert f"system:serviceaccount:{meta['namespace']}:{meta['name']}" == SERVICE_ACCOUNT
 
@@ -273,7 +277,9 @@ def write(operation: str, who: dict[str, Any], slice_: dict[str, Any]) -> str | 
             id="pod-bound-token",
         ),
         # kustomize `namespace:` moves the ServiceAccount; the policy follows it.
-        pytest.param("CREATE", user("system:serviceaccount:colad:colad-dra"), colads_slice(), id="other-namespace"),
+        pytest.param("CREATE", user("system:serviceaccount:colad:colad"), colads_slice(), id="other-namespace"),
+        # The namespace is free, so one named like the ServiceAccount does not confuse the match.
+        pytest.param("CREATE", user("system:serviceaccount:colad-x:colad"), colads_slice(), id="namespace-like-name"),
     ],
 )
 def test_the_policy_allows_colads_own_slices(operation: str, who: dict[str, Any], slice_: dict[str, Any]) -> None:
@@ -328,9 +334,13 @@ def test_the_policy_refuses_other_slices(
     "name",
     [
         pytest.param("system:serviceaccount:kube-system:colad-readiness-reporter", id="another-service-account"),
-        pytest.param("system:serviceaccount:kube-system:colad-dra-old", id="a-longer-name"),
+        pytest.param("system:serviceaccount:kube-system:colad-dra", id="a-longer-name"),
+        pytest.param("system:serviceaccount:kube-system:xcolad", id="a-name-ending-in-colad"),
+        pytest.param("system:serviceaccount:colad:colad-x", id="the-namespace-colad"),
         pytest.param("system:node:node-1", id="the-kubelet"),
-        pytest.param("colad-dra", id="a-certificate-user"),
+        pytest.param("system:node:colad", id="a-node-named-colad"),
+        pytest.param("colad", id="a-certificate-user"),
+        pytest.param("x:colad", id="a-certificate-user-ending-in-colad"),
     ],
 )
 def test_the_policy_leaves_other_users_to_their_own_rules(name: str) -> None:

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from colad.health.rule import DRA_SERVING, dra_registration_problem, slices_problem
+from colad.outputs.statefile import PluginState, SliceStatus
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 KUBE = ROOT / "packaging" / "kubernetes"
@@ -180,3 +183,34 @@ def test_the_recipe_agrees_with_itself_and_with_colads_daemonset() -> None:
     (port,) = [p["containerPort"] for p in colad["ports"] if p["name"] == "metrics"]
     assert env["CHECK_ENDPOINT"] == f"http://127.0.0.1:{port}/readyz"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_the_reporter_runs_as_the_pods_identity_with_a_token_of_its_own() -> None:
+    """The role is bound to the base's ServiceAccount; the patch leaves the pod's identity alone and mounts the
+    token into the reporter alone, so the component combines with dra/, which binds its role to the same account."""
+    docs = load(NRR / "reporter-rbac.yaml")
+    assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding"]
+    role, binding = docs
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (account,) = [d for d in load(KUBE / "daemonset.yaml") if d["kind"] == "ServiceAccount"]
+    pod = _daemonset()["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"] and account["automountServiceAccountToken"] is False
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
+    ]
+    (patch,) = load(NRR / "reporter-sidecar.yaml")
+    spec = patch["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in spec
+    (container,) = spec["containers"]
+    (volume,) = spec["volumes"]
+    assert any("serviceAccountToken" in s for s in volume["projected"]["sources"])
+    assert [m["name"] for m in container["volumeMounts"]] == [volume["name"]]
+
+
+def test_the_readme_quotes_the_reasons_dra_mode_gives() -> None:
+    """The recipe reads the same /readyz in both modes; what its README says DRA mode answers is what it answers."""
+    text = " ".join((NRR / "README.md").read_text().split())
+    waiting = PluginState(pid=1, dra_driver="d", dra_registration=DRA_SERVING, dra_slices=SliceStatus(wanted=True))
+    assert f"`{dra_registration_problem(waiting)}`" in text
+    outage = SliceStatus(wanted=True, published=True, pending=True, failing="list: ...")
+    assert f"`{slices_problem(outage)}`" in text
