@@ -241,7 +241,8 @@ class SlicePublisher:
             with self._cond:
                 if not self._dirty:
                     self._converged = generation
-                    self._held = self._held or not withdrawn
+                    # Held only once every resource's devices were known (a pool left as held is not)
+                    self._held = self._held or (not withdrawn and set(wanted) >= set(self.resource_names))
                 self._cond.notify_all()
             self._on_change()
 

@@ -383,8 +383,9 @@ def test_a_restarted_publisher_leaves_the_slices_as_held_until_it_knows_the_devi
     assert writes(fake) == before
     assert {s["metadata"]["name"]: s for s in fake.node_slices(NODE, DRIVER)} == held
     status = restarted.status()
-    assert (status.slices, status.pending) == (len(held), False)
+    assert (status.slices, status.wanted, status.published, status.current) == (len(held), False, False, False)
 
     converge(restarted, {RESOURCE: many[RESOURCE], other: DeviceSet()})  # heard with no devices: emptied
     assert published(fake) == sorted(f"cola{i:03d}" for i in range(130))
+    assert restarted.status().current
     assert restarted.withdraw(WAIT) and fake.node_slices(NODE, DRIVER) == []
