@@ -21,7 +21,7 @@ from colad.kube.access import SERVICE_ACCOUNT_DIR
 from tests.unit.packaging.test_dra_component import DRA, Verdict, colads_slice, user, write
 from tests.unit.packaging.test_dra_component import K8S_VERSION as DRA_K8S_VERSION
 from tests.unit.packaging.test_kubernetes_manifests import K8S_VERSION, KUBE, docs, need
-from tests.unit.packaging.test_node_readiness import NRR
+from tests.unit.packaging.test_node_readiness import NRR, kubelets_node, reported, status_write
 
 pytestmark = pytest.mark.integration
 __all__ = ["docs"]  # the manifests fixture, shared with the unit tests of the manifests
@@ -117,6 +117,8 @@ def test_the_node_readiness_component_renders_and_only_the_reporter_holds_a_toke
             ("Service", "colad-metrics"),
             ("ClusterRole", "colad-readiness-reporter"),
             ("ClusterRoleBinding", "colad-readiness-reporter"),
+            ("ValidatingAdmissionPolicy", "colad-readiness-node-status"),
+            ("ValidatingAdmissionPolicyBinding", "colad-readiness-node-status"),
             ("NodeReadinessRule", "colad-ready"),
         ]
     )
@@ -178,7 +180,10 @@ def test_both_components_share_the_pods_identity_in_either_order(tmp_path: Path,
         if obj["kind"] != "NodeReadinessRule":
             kubernetes_validate.validate(obj, DRA_K8S_VERSION, strict=True)
     assert [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"] == ["colad"]
-    assert {d["kind"] for d in objects} >= {"NodeReadinessRule", "ValidatingAdmissionPolicy", "DeviceClass"}
+    assert {d["kind"] for d in objects} >= {"NodeReadinessRule", "DeviceClass"}
+    policies = {d["metadata"]["name"] for d in objects if d["kind"] == "ValidatingAdmissionPolicy"}
+    bound = {d["spec"]["policyName"] for d in objects if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == bound == {"colad-dra-resourceslices", "colad-readiness-node-status"}
     pod = pod_of(objects)
     assert pod["serviceAccountName"] == "colad" and pod["automountServiceAccountToken"] is False
     assert bindings(objects) == {"colad-dra": COLAD_SA, "colad-readiness-reporter": COLAD_SA}
@@ -199,9 +204,14 @@ def test_both_components_share_the_pods_identity_in_either_order(tmp_path: Path,
     username = f"system:serviceaccount:kube-system:{pod['serviceAccountName']}"
     assert write("CREATE", user(username), colads_slice()) == Verdict.ALLOWED
     assert write("CREATE", user(username), colads_slice("node-2")) != Verdict.ALLOWED
+    # ... and node-status writes made with either to this node's condition myway5.com/ColadReady.
+    node = kubelets_node()
+    assert status_write(user(username), reported(node), node) == Verdict.ALLOWED
+    other = kubelets_node("node-2")
+    assert status_write(user(username), reported(other), other) != Verdict.ALLOWED
 
 
-def test_the_admission_policy_follows_the_service_account_into_another_namespace(tmp_path: Path) -> None:
+def test_the_admission_policies_follow_the_service_account_into_another_namespace(tmp_path: Path) -> None:
     objects = render(tmp_path, kustomization(tmp_path, DRA, namespace="colad"))
     (ds,) = [d for d in objects if d["kind"] == "DaemonSet"]
     assert bindings(objects) == {"colad-dra": [{"kind": "ServiceAccount", "name": "colad", "namespace": "colad"}]}
@@ -210,3 +220,11 @@ def test_the_admission_policy_follows_the_service_account_into_another_namespace
     )
     assert write("CREATE", user(username), colads_slice()) == Verdict.ALLOWED
     assert write("CREATE", user(username), colads_slice("node-2")) != Verdict.ALLOWED
+    # The node-status policy matches the same way.
+    objects = render(tmp_path, kustomization(tmp_path, NRR, namespace="colad"))
+    assert bindings(objects) == {
+        "colad-readiness-reporter": [{"kind": "ServiceAccount", "name": "colad", "namespace": "colad"}]
+    }
+    node, other = kubelets_node(), kubelets_node("node-2")
+    assert status_write(user(username), reported(node), node) == Verdict.ALLOWED
+    assert status_write(user(username), reported(other), other) != Verdict.ALLOWED

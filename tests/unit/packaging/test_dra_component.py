@@ -192,12 +192,15 @@ class Verdict:
     ALLOWED = "allowed"
 
 
-def evaluate(request: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None) -> str | list[str]:
-    """The policy's answer for one write: not matched, allowed, or the messages of the failed validations."""
+def evaluate(
+    policy_: dict[str, Any], request: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None
+) -> str | list[str]:
+    """A ValidatingAdmissionPolicy's answer for one write: not matched, allowed, or the messages of the
+    failed validations."""
     celpy = need("celpy")
     celtypes = importlib.import_module("celpy.celtypes")
     env = celpy.Environment()
-    spec = policy()["spec"]
+    spec = policy_["spec"]
     base = {
         "request": celpy.json_to_cel(request),
         "object": celpy.json_to_cel(obj),
@@ -256,10 +259,10 @@ def write(operation: str, who: dict[str, Any], slice_: dict[str, Any]) -> str | 
         "resource": {"group": "resource.k8s.io", "resource": "resourceslices"},
     }
     if operation == "DELETE":
-        return evaluate(request, None, slice_)
+        return evaluate(policy(), request, None, slice_)
     if operation == "UPDATE":
-        return evaluate(request, slice_, slice_)
-    return evaluate(request, slice_, None)
+        return evaluate(policy(), request, slice_, slice_)
+    return evaluate(policy(), request, slice_, None)
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,21 @@
-"""packaging/kubernetes/node-readiness: the NodeReadinessRule against the upstream CRD, and the recipe's parts agree.
+"""packaging/kubernetes/node-readiness: the NodeReadinessRule against the upstream CRD, the recipe's parts agree, and
+the admission policy keeps the reporter's node-status writes to its own node's condition.
 
 The CRD is a verbatim copy (tests/schemas/README.md). Its openAPIV3Schema is applied as the API server
 does with strict field validation (unknown fields refused), and its create-time CEL rules are restated
 here one by one: a rule upstream adds that this table lacks fails the test. The taint, the condition,
 the endpoint and the node selector must agree across the rule, the kubelet snippet, the reporter and
-colad's DaemonSet; the component renders with kustomize and its built-in objects validate strictly.
+colad's DaemonSet; the component renders with kustomize and its built-in objects validate strictly. The admission
+policy's CEL is taken from its YAML file and evaluated with cel-python as the API server evaluates it (the evaluator
+of tests/unit/packaging/test_dra_component.py) against the writes upstream's readiness-condition-reporter makes
+(get the Node, set or append its condition, write the status back) and against writes it must refuse.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib
+import importlib.resources
 import re
 import sys
 from collections.abc import Callable
@@ -22,6 +27,8 @@ import pytest
 
 from colad.health.rule import DRA_SERVING, dra_registration_problem, slices_problem
 from colad.outputs.statefile import PluginState, SliceStatus
+from tests.unit.packaging.test_dra_component import NODE_NAME_KEY, Verdict, evaluate, user
+from tests.unit.packaging.test_dra_component import policy as slice_policy
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -214,3 +221,250 @@ def test_the_readme_quotes_the_reasons_dra_mode_gives() -> None:
     assert f"`{dra_registration_problem(waiting)}`" in text
     outage = SliceStatus(wanted=True, published=True, pending=True, failing="list: ...")
     assert f"`{slices_problem(outage)}`" in text
+
+
+# --- the admission policy on the node-status writes, evaluated -------------------------------------
+
+# NodeStatus fields with values as a kubelet reports them; `declaredFeatures` and `features` as a newer kubelet does.
+KUBELET_STATUS: dict[str, Any] = {
+    "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110", "myway5.com/cola": "2"},
+    "allocatable": {"cpu": "4", "memory": "15Gi", "pods": "110", "myway5.com/cola": "2"},
+    "phase": "Running",
+    "conditions": [
+        {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+    ],
+    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "node-1"}],
+    "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+    "nodeInfo": {"kubeletVersion": "v1.37.0", "containerRuntimeVersion": "containerd://2.1.0"},
+    "images": [{"names": ["registry.example/colad:0.1.0"], "sizeBytes": 146800640}],
+    "volumesInUse": ["kubernetes.io/csi/x^vol-1"],
+    "volumesAttached": [{"name": "kubernetes.io/csi/x^vol-1", "devicePath": ""}],
+    "config": {"active": {"configMap": {"name": "kubelet", "namespace": "kube-system"}}},
+    "runtimeHandlers": [{"name": "runc", "features": {"recursiveReadOnlyMounts": True}}],
+    "features": {"supplementalGroupsPolicy": True},
+    "declaredFeatures": ["InPlacePodVerticalScaling"],
+}
+
+
+def kubelets_node(name: str = "node-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"{name}-uid",
+            "resourceVersion": "41",
+            "labels": {"kubernetes.io/hostname": name, "myway5.com/cola": "true"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"taints": [{"key": "readiness.k8s.io/ColadReady", "value": "pending", "effect": "NoSchedule"}]},
+        "status": copy.deepcopy(KUBELET_STATUS),
+    }
+
+
+def reported(node: dict[str, Any], status: str = "True") -> dict[str, Any]:
+    """The Node as readiness-condition-reporter writes it back (UpdateStatus): its condition replaced or appended."""
+    condition_type = _reporter_env()["CONDITION_TYPE"]
+    new = copy.deepcopy(node)
+    condition = {"type": condition_type, "status": status, "reason": "EndpointOK", "message": "ready"}
+    conditions = new["status"]["conditions"]
+    found = [i for i, c in enumerate(conditions) if c["type"] == condition_type]
+    if found:
+        conditions[found[0]] = condition
+    else:
+        conditions.append(condition)
+    return new
+
+
+def status_policy() -> dict[str, Any]:
+    (found,) = [d for d in load(NRR / "admission-policy.yaml") if d["kind"] == "ValidatingAdmissionPolicy"]
+    return found
+
+
+def status_write(who: dict[str, Any], new: dict[str, Any], old: dict[str, Any]) -> str | list[str]:
+    request = {
+        "operation": "UPDATE",
+        "name": new["metadata"]["name"],
+        "userInfo": who,
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "subResource": "status",
+    }
+    return evaluate(status_policy(), request, new, old)
+
+
+def changed(node: dict[str, Any], change: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
+    new = copy.deepcopy(node)
+    change(new)
+    return new
+
+
+def test_the_status_policy_objects_validate_strictly_and_match_as_the_slice_policy_does() -> None:
+    kubernetes_validate = need("kubernetes_validate")
+    docs = load(NRR / "admission-policy.yaml")
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    policy, binding = docs
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    # A PATCH is admitted as an UPDATE of the patched object; the status subresource has no create or delete.
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes/status"]}
+    ]
+    assert spec["matchConditions"] == slice_policy()["spec"]["matchConditions"]
+    role, _ = load(NRR / "reporter-rbac.yaml")
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]} in role["rules"]
+
+
+def test_the_status_policy_compares_every_node_status_field_but_the_conditions() -> None:
+    """CEL cannot iterate over an object's fields, so the policy names them: a field the newest schema adds fails."""
+    kubernetes_validate = need("kubernetes_validate")
+    latest = kubernetes_validate.latest_version()
+    schema = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{latest}-local"
+    fields = set(need("json").loads((schema / "nodestatus-v1.json").read_text())["properties"])
+    expressions = " ".join(v["expression"] for v in status_policy()["spec"]["validations"])
+    assert set(re.findall(r"variables\.status\.(\w+)", expressions)) == fields - {"conditions"}
+    assert set(re.findall(r"variables\.oldStatus\.(\w+)", expressions)) == fields - {"conditions"}
+    assert set(KUBELET_STATUS) == fields  # every field is set in the node the writes below start from
+
+
+@pytest.mark.parametrize(
+    ("who", "old"),
+    [
+        pytest.param(user(), kubelets_node(), id="first-report"),
+        pytest.param(user(), reported(kubelets_node(), "False"), id="report-again"),
+        pytest.param(
+            user(
+                **{"authentication.kubernetes.io/pod-name": ["colad-x"], "authentication.kubernetes.io/pod-uid": ["u"]}
+            ),
+            kubelets_node(),
+            id="pod-bound-token",
+        ),
+        pytest.param(user("system:serviceaccount:colad:colad"), kubelets_node(), id="other-namespace"),
+        pytest.param(
+            user(),
+            changed(kubelets_node(), lambda n: [n["status"].pop(f) for f in ("config", "declaredFeatures")]),
+            id="fields-absent-from-both",
+        ),
+    ],
+)
+def test_the_status_policy_allows_the_reporters_write_to_its_own_node(who: dict[str, Any], old: dict[str, Any]) -> None:
+    assert status_write(who, reported(old), old) == Verdict.ALLOWED
+
+
+@pytest.mark.parametrize(
+    ("who", "new", "reason"),
+    [
+        pytest.param(user(), reported(kubelets_node("node-2")), "the status of node 'node-2'", id="other-node"),
+        pytest.param(
+            user(node=None, **{"authentication.kubernetes.io/credential-id": ["JTI=x"]}),
+            reported(kubelets_node()),
+            "no node in this user's token",
+            id="no-node-extra",
+        ),
+        pytest.param(user(node=None), reported(kubelets_node()), "no node in this user's token", id="no-extra"),
+        pytest.param(
+            user(node=None, **{NODE_NAME_KEY: ["node-1", "node-2"]}),
+            reported(kubelets_node()),
+            "no node in this user's token",
+            id="two-nodes",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["status"]["conditions"][1].update(status="False")),
+            "not another condition",
+            id="another-condition-changed",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["status"]["conditions"].pop(0)),
+            "not another condition",
+            id="another-condition-removed",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["status"]["conditions"].reverse()),
+            "not another condition",
+            id="conditions-reordered",
+        ),
+        pytest.param(
+            user(),
+            changed(
+                reported(kubelets_node()),
+                lambda n: n["status"]["conditions"].append({"type": "example.com/Other", "status": "True"}),
+            ),
+            "not another condition",
+            id="another-condition-added",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["metadata"]["labels"].update({"node-role.example/x": ""})),
+            "not the node's labels",
+            id="label-added",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["metadata"].pop("annotations")),
+            "not the node's labels",
+            id="annotations-removed",
+        ),
+        pytest.param(
+            user(),
+            changed(reported(kubelets_node()), lambda n: n["metadata"].update(finalizers=["example.com/keep"])),
+            "not the node's labels",
+            id="finalizer-added",
+        ),
+    ],
+)
+def test_the_status_policy_refuses_other_writes(who: dict[str, Any], new: dict[str, Any], reason: str) -> None:
+    old = kubelets_node(new["metadata"]["name"])
+    verdict = status_write(who, new, old)
+    assert isinstance(verdict, list) and any(reason in message for message in verdict), verdict
+
+
+def perturbed(value: Any) -> Any:
+    """The same shape with one leaf changed (the API server's own validation keeps a field's type)."""
+    if isinstance(value, dict):
+        key = next(iter(value))
+        return value | {key: perturbed(value[key])}
+    if isinstance(value, list):
+        return [perturbed(value[0]), *value[1:]]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    return f"{value}-x"
+
+
+@pytest.mark.parametrize("how", ["changed", "dropped", "added"])
+@pytest.mark.parametrize("field", sorted(set(KUBELET_STATUS) - {"conditions"}))
+def test_the_status_policy_refuses_a_change_of_any_other_status_field(field: str, how: str) -> None:
+    """Changed, dropped (as a reporter built against an older API drops a field it does not know), or added."""
+    old = kubelets_node()
+    new = reported(old)
+    if how == "changed":
+        new["status"][field] = perturbed(old["status"][field])
+    elif how == "dropped":
+        del new["status"][field]
+    else:
+        del old["status"][field]
+    verdict = status_write(user(), new, old)
+    assert isinstance(verdict, list) and any("not another status field" in m for m in verdict), verdict
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("system:serviceaccount:kube-system:colad-readiness-reporter", id="another-service-account"),
+        pytest.param("system:serviceaccount:kube-system:xcolad", id="a-name-ending-in-colad"),
+        pytest.param("system:node:node-1", id="the-kubelet"),
+        pytest.param("system:node:colad", id="a-node-named-colad"),
+        pytest.param("colad", id="a-certificate-user"),
+    ],
+)
+def test_the_status_policy_leaves_other_users_to_their_own_rules(name: str) -> None:
+    other_node = kubelets_node("node-2")
+    new = changed(other_node, lambda n: n["status"].update(capacity={}))
+    assert status_write(user(name), new, other_node) == Verdict.NOT_MATCHED
