@@ -75,3 +75,37 @@ def metrics_address(run_dir: Path, timeout: float = 20.0) -> str:
         return str(state.get("metrics_address", ""))
 
     return wait_until(bound, timeout, "the plugin to report its metrics address")
+
+
+def in_network_namespace(pid: int, make: Callable[[], T]) -> T:
+    """`make()` called in the network namespace of process `pid`: the sockets it opens live there.
+
+    A thread of its own enters the namespace (setns(2) moves only the calling thread), so the test's
+    other threads stay in theirs. Needs root.
+    """
+    import ctypes
+    import os
+    import threading
+
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+                    raise OSError(ctypes.get_errno(), f"setns into the network namespace of {pid}")
+            finally:
+                os.close(fd)
+            result.append(make())
+        except BaseException as exc:  # re-raised in the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=enter, name=f"netns-{pid}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]

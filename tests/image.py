@@ -24,6 +24,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DAEMONSET = ROOT / "packaging" / "kubernetes" / "daemonset.yaml"
+DRA_COMPONENT = ROOT / "packaging" / "kubernetes" / "dra"
 CONTAINERS_CONF = ROOT / "packaging" / "kubernetes" / "containers.conf"
 BASE_IMAGE = "localhost/debian:bookworm-slim"
 IMAGE_NAME = "localhost/colad"
@@ -257,18 +258,38 @@ class PodRun:
     hostPath volumes become bind mounts of `<host_root>/<volume name>`, emptyDirs tmpfs mounts, the
     ConfigMap a directory holding its keys. A field this does not know raises, so a new setting in
     daemonset.yaml cannot silently go untested.
+
+    `components` are kustomize Components rendered onto the manifest's directory with `kubectl kustomize`,
+    as `kubectl apply -k` would. What the kubelet fills in comes from the other fields: `node_name` for
+    the downward API's spec.nodeName, `api_server` (host, port) for KUBERNETES_SERVICE_HOST and _PORT,
+    `token` and `cluster_ca` for a projected volume's service account token and kube-root-ca.crt.
     """
 
     host_root: Path
     name: str
     image: str
     manifest: Path = DAEMONSET
+    components: tuple[Path, ...] = ()
+    node_name: str = "node-1"
+    api_server: tuple[str, int] | None = None
+    token: str = ""
+    cluster_ca: Path | None = None
     docs: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         import yaml
 
-        self.docs = [d for d in yaml.safe_load_all(self.manifest.read_text(encoding="utf-8")) if d]
+        if not self.components:
+            self.docs = [d for d in yaml.safe_load_all(self.manifest.read_text(encoding="utf-8")) if d]
+            return
+        with tempfile.TemporaryDirectory(prefix="colad-kustomize-") as tmp:
+            lines = ["resources:", f"  - {os.path.relpath(self.manifest.parent, tmp)}", "components:"]
+            lines += [f"  - {os.path.relpath(c, tmp)}" for c in self.components]
+            (Path(tmp) / "kustomization.yaml").write_text("\n".join(lines) + "\n")
+            rendered = subprocess.run(["kubectl", "kustomize", tmp], capture_output=True, text=True, timeout=60)
+        if rendered.returncode != 0:
+            raise RuntimeError(f"kubectl kustomize: {rendered.stderr.strip()}")
+        self.docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
 
     def one(self, kind: str) -> dict[str, Any]:
         (found,) = [d for d in self.docs if d["kind"] == kind]
@@ -347,10 +368,16 @@ class PodRun:
             if pod.get(key):
                 args.append(flag)
         args += self._security(pod.get("securityContext", {}), box.get("securityContext", {}))
+        if self.api_server is not None:  # the kubelet sets these in every container, service links or not
+            host, port = self.api_server
+            args += [f"--env=KUBERNETES_SERVICE_HOST={host}", f"--env=KUBERNETES_SERVICE_PORT={port}"]
         for variable in box.get("env", []):
-            if set(variable) != {"name", "value"}:
-                raise ValueError(f"daemonset.yaml: env {variable} is not a plain value")
-            args.append(f"--env={variable['name']}={variable['value']}")
+            if set(variable) == {"name", "value"}:
+                args.append(f"--env={variable['name']}={variable['value']}")
+            elif variable.get("valueFrom") == {"fieldRef": {"fieldPath": "spec.nodeName"}}:
+                args.append(f"--env={variable['name']}={self.node_name}")
+            else:
+                raise ValueError(f"daemonset.yaml: env {variable} is neither a plain value nor the node's name")
         resources = box.get("resources", {})
         limits, requests = resources.get("limits", {}), resources.get("requests", {})
         if "memory" in limits:
@@ -421,9 +448,37 @@ class PodRun:
                 for key, text in data.items():
                     (source / key).write_text(text, encoding="utf-8")
                 args.append(f"--mount=type=bind,source={source},destination={target},ro=true")
+            elif "projected" in volume:
+                source = self.host_dir(volume["name"])
+                source.mkdir(mode=0o755, parents=True, exist_ok=True)
+                for path, data in self.projected(volume["projected"]).items():
+                    (source / path).write_bytes(data)
+                args.append(f"--mount=type=bind,source={source},destination={target}{ro}")
             else:
                 raise ValueError(f"daemonset.yaml: volume {volume} not modelled here")
         return args
+
+    def projected(self, volume: dict[str, Any]) -> dict[str, bytes]:
+        """The files of a projected volume: the pod's token, the cluster's CA, the pod's namespace."""
+        files: dict[str, bytes] = {}
+        for source in volume["sources"]:
+            if set(source) == {"serviceAccountToken"}:
+                if not self.token:
+                    raise ValueError("daemonset.yaml: a service account token is projected and PodRun has none")
+                files[source["serviceAccountToken"]["path"]] = self.token.encode()
+            elif source.get("configMap", {}).get("name") == "kube-root-ca.crt" and self.cluster_ca is not None:
+                for item in source["configMap"]["items"]:
+                    if item["key"] != "ca.crt":
+                        raise ValueError(f"daemonset.yaml: kube-root-ca.crt has no key {item['key']}")
+                    files[item["path"]] = self.cluster_ca.read_bytes()
+            elif set(source) == {"downwardAPI"}:
+                for item in source["downwardAPI"]["items"]:
+                    if item != {"path": item["path"], "fieldRef": {"fieldPath": "metadata.namespace"}}:
+                        raise ValueError(f"daemonset.yaml: downwardAPI item {item} not modelled here")
+                    files[item["path"]] = self.one("DaemonSet")["metadata"]["namespace"].encode()
+            else:
+                raise ValueError(f"daemonset.yaml: projected source {source} not modelled here")
+        return files
 
     def config_map(self, name: str) -> dict[str, Any]:
         (found,) = [d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name]

@@ -9,6 +9,7 @@ the Debian mirror.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,8 +21,12 @@ from pathlib import Path
 import pytest
 
 from colad import __version__
+from tests import image
+from tests.fakes.apiserver import FakeApiServer, Pki
+from tests.fakes.dra_kubelet import Claim, FakeDraKubelet
 from tests.fakes.kubelet import FakeKubelet
-from tests.helpers import wait_until
+from tests.fakes.pluginwatcher import FakePluginWatcher
+from tests.helpers import in_network_namespace, wait_until
 from tests.nspawn import Container, base_tarball, container
 
 pytestmark = [pytest.mark.e2e, pytest.mark.deb]
@@ -36,6 +41,12 @@ CONFFILES = {"/etc/colad/colad.toml", "/etc/colad/supervisord.conf"}
 TEMPLATE_LINE = 'supervisord_template = "/etc/colad/supervisord.conf"'
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, chroot and systemd-nspawn need root")
+WHY_NO_PODMAN = image.unusable()
+needs_podman = pytest.mark.skipif(WHY_NO_PODMAN is not None, reason=WHY_NO_PODMAN or "")
+NODE = "node-1"
+DRIVER = "cola.myway5.com"  # derived from the default resource name myway5.com/cola
+TOKEN = "node-bound-token"
+PODMAN_TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +92,9 @@ def test_package_contents(deb: Path, tmp_path: Path) -> None:
     fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True, check=True)
     depends = {d.strip().split()[0] for d in fields.stdout.split(",")}
     assert RUNTIME_DEPENDS <= depends, fields.stdout
+    # Recommended, not required: only a YAML kubeconfig (DRA mode) imports it; JSON and in-cluster do not.
+    recommends = subprocess.run(["dpkg-deb", "-f", str(deb), "Recommends"], capture_output=True, text=True, check=True)
+    assert recommends.stdout.split() == ["python3-yaml"], recommends.stdout
     assert set((control / "conffiles").read_text().split()) == CONFFILES
     assert (data / "usr/bin/colad").stat().st_mode & 0o111
     assert (data / "etc/colas").is_dir()
@@ -340,3 +354,110 @@ def check_purge(box: Container, plugin_dir: Path) -> None:
     inside = box.run("find", "/run", "/tmp", "-name", "*colad*").stdout.split()
     assert inside == []
     assert [p.name for p in plugin_dir.iterdir() if p.name.startswith("colad")] == []
+
+
+@needs_root
+@needs_podman
+@pytest.mark.usefixtures("base_image")
+def test_installed_package_runs_dra_mode_as_docs_dra_sets_it_up(deb: Path, short_tmp: Path) -> None:
+    """The operator's path of docs/DRA.md on the installed unit: a JSON kubeconfig with a token file and the
+    CA in /etc/colad, mode, kubeconfig and node_name in colad.toml, `systemctl reload colad`.
+
+    The fake API server listens on the loopback of the container's own network namespace (the boot's
+    --private-network): the URL, 127.0.0.1, is the one the fake's certificate names. The fake plugin
+    watcher serves in the bind-mounted plugins_registry and dials the endpoint colad names through the
+    container's root, as the kubelet dials it in the namespace they share on a node.
+    """
+    step = Steps()
+    tarball, _cached = base_tarball()
+    kubelet_root = short_tmp / "kubelet"
+    kubelet_root.mkdir(mode=0o750)
+    with container(tarball) as box:
+        installed = box.apt_install(deb)
+        assert installed.returncode == 0, installed.stdout[-4000:] + installed.stderr[-4000:]
+        (box.root / "etc/colas/cola-a").write_text('[envs]\nMODE = "fast"\n')
+        (box.root / "etc/colas/cola-b").write_bytes(b"")
+        box.boot({kubelet_root: "/var/lib/kubelet"})
+        step("installed with apt and booted")
+        (short_tmp / "pki").mkdir()
+        pki = Pki(short_tmp / "pki")
+        apiserver = in_network_namespace(box.leader, FakeApiServer(pki, tokens={TOKEN}).start)
+        apiserver.add_node(NODE, "node-uid-1")
+        watcher = FakePluginWatcher(kubelet_root / "plugins_registry", root=f"/proc/{box.leader}/root")
+        watcher.start()
+        try:
+            check_dra(box, apiserver, watcher, kubelet_root, short_tmp, step)
+        except (AssertionError, TimeoutError) as exc:  # WaitTimeout included: add what colad said
+            tail = "\n".join(journal(box, check=False).splitlines()[-60:])
+            raise AssertionError(f"{exc}\n--- journalctl -u {UNIT} (last 60 lines) ---\n{tail}") from None
+        finally:
+            watcher.stop()
+            apiserver.stop()
+        assert watcher.violations() == [], "the fake plugin watcher saw contract violations"
+    step("powered off and removed")
+
+
+def check_dra(
+    box: Container,
+    apiserver: FakeApiServer,
+    watcher: FakePluginWatcher,
+    kubelet_root: Path,
+    short_tmp: Path,
+    step: Steps,
+) -> None:
+    etc = box.root / "etc/colad"
+    shutil.copy(apiserver.pki.ca, etc / "ca.crt")
+    (etc / "token").write_text(TOKEN + "\n")
+    (etc / "token").chmod(0o600)
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "colad",
+        "clusters": [{"name": "cluster", "cluster": {"server": apiserver.url, "certificate-authority": "ca.crt"}}],
+        "users": [{"name": "colad-dra", "user": {"tokenFile": "token"}}],
+        "contexts": [{"name": "colad", "context": {"cluster": "cluster", "user": "colad-dra"}}],
+    }
+    (etc / "kubeconfig").write_text(json.dumps(kubeconfig))
+    (etc / "kubeconfig").chmod(0o600)
+    conf = etc / "colad.toml"
+    conf.write_text(conf.read_text() + f'\nmode = "dra"\nkubeconfig = "/etc/colad/kubeconfig"\nnode_name = "{NODE}"\n')
+    wait_until(lambda: show(box, "ActiveState") == "active", 30, f"{UNIT} active")
+    box.run("systemctl", "reload", UNIT)
+    step("kubeconfig written, colad.toml set to DRA mode, reloaded")
+
+    # Registered with the plugin watcher through the bind-mounted plugins_registry, at the path the unit
+    # lets it write; its slices published with the token of the kubeconfig the unit can read.
+    registration = watcher.wait_registration(timeout=30)
+    endpoint = f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
+    assert (registration.name, registration.endpoint) == (DRIVER, endpoint)
+    watcher.wait_usable(DRIVER, timeout=30)
+    apiserver.wait_published(NODE, DRIVER, {"cola-a", "cola-b"}, timeout=30)
+    assert apiserver.identities and set(apiserver.identities) == {f"token:{TOKEN}"}
+    step("registered with the plugin watcher, slices published")
+
+    stored = apiserver.add_allocated_claim("default", "pair", DRIVER, NODE, ["cola-a", "cola-b"])
+    claim = Claim("default", "pair", stored["metadata"]["uid"])
+    kubelet = FakeDraKubelet(str(kubelet_root / "plugins" / DRIVER / "dra.sock"))
+    try:
+        outcome = kubelet.prepare([claim])
+        assert outcome.errors == {} and outcome.failed == "" and kubelet.violations == [], outcome
+        cdi_ids = [i for d in outcome.devices[claim.uid] for i in d.cdi_device_ids]
+        # The spec is in the container's /run/cdi (a tmpfs of its own): the runtime on the host resolves it.
+        spec_name = f"k8s.{DRIVER}-claim_{claim.uid}.json"
+        spec_dir = short_tmp / "cdi"
+        spec_dir.mkdir()
+        shutil.copy(f"/proc/{box.leader}/root/run/cdi/{spec_name}", spec_dir / spec_name)
+        script = 'echo "devices $COLA_DEVICES"; echo "mode $MODE"'
+        result = image.run_with_cdi(short_tmp, spec_dir, cdi_ids, script, PODMAN_TIMEOUT)
+        assert result.returncode == 0, f"podman exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+        assert seen == {"devices": "cola-a,cola-b", "mode": "fast"}, result.stdout
+        step("a claim prepared; podman resolved its CDI IDs")
+        assert kubelet.unprepare([claim]).errors == {}
+    finally:
+        kubelet.close()
+    assert box.run("test", "-e", f"/run/cdi/{spec_name}", check=False).returncode == 1
+    status = box.run("colad", "status", check=False)
+    assert f"mode:       dra (driver {DRIVER}, registration registered" in status.stdout, status.stdout
+    assert "Traceback (most recent call last)" not in journal(box)
+    step("unprepared; `colad status` shows DRA mode")

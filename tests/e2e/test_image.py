@@ -26,9 +26,12 @@ import pytest
 
 from colad.config import config
 from tests import image
+from tests.fakes.apiserver import FakeApiServer, Pki
+from tests.fakes.dra_kubelet import Claim, FakeDraKubelet
 from tests.fakes.kubelet import FakeKubelet
+from tests.fakes.pluginwatcher import FakePluginWatcher
 from tests.fakes.podresources import FakePodResources
-from tests.helpers import wait_until
+from tests.helpers import in_network_namespace, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +39,11 @@ WHY_NOT = image.unusable()
 needs_podman = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 DEVICES = {"cocacola", "peisicola"}
 ROLES = ("plugin", "discovery", "kubelet-watch")
+NODE = "node-1"
+DRIVER = "cola.myway5.com"  # derived from the default resource name myway5.com/cola
+TOKEN = "pod-bound-token"
+API_PORT = 6443
+PODMAN_TIMEOUT = 180
 
 
 @dataclass
@@ -245,3 +253,106 @@ def test_podman_stop_within_the_grace_period_withdraws_the_devices_and_leaves_no
         f"podman stop: {took:.1f}s of a {pod.run.grace_period}s grace period; image {pod.run.image}, "
         f"{image.image_size(pod.run.image) / 2**20:.1f} MiB"
     )
+
+
+@needs_podman
+def test_the_dra_component_makes_a_pod_that_registers_publishes_and_prepares_a_claim_podman_resolves() -> None:
+    """daemonset.yaml with the dra/ component (kubectl kustomize), run as the kubelet would run that pod.
+
+    The fake API server listens on the loopback of the pod's own network namespace (hostNetwork: false)
+    at the address the kubelet's KUBERNETES_SERVICE_HOST/_PORT name: 127.0.0.1 is the one the fake's
+    certificate names. The token and CA are the projected volume's files. The fake plugin watcher serves
+    in the plugins_registry hostPath and dials the endpoint colad names through the container's root, as
+    the kubelet dials it on a node, where the hostPath has the same path on both sides.
+    """
+    ref = image.ensure_image()
+    root = Path(tempfile.mkdtemp(prefix="colad-img-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "pki").mkdir()
+    pki = Pki(root / "pki")
+    run = image.PodRun(
+        host_root=root / "host",
+        name=f"colad-test-dra-{root.name.rsplit('-', 1)[-1]}",
+        image=ref,
+        components=(image.DRA_COMPONENT,),
+        node_name=NODE,
+        api_server=("127.0.0.1", API_PORT),
+        token=TOKEN,
+        cluster_ca=pki.ca,
+    )
+    args = run.args()
+    device_dir = run.host_path_of("/etc/colas")
+    (device_dir / "cola-a").write_text('[envs]\nMODE = "fast"\n')
+    (device_dir / "cola-b").touch()
+    apiserver = FakeApiServer(pki, tokens={TOKEN})
+    apiserver.port = API_PORT
+    apiserver.add_node(NODE, "node-uid-1")
+    watcher: FakePluginWatcher | None = None
+    log_path = root / "podman-run.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["podman", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=image.podman_env()
+        )
+    try:
+        state = wait_until(
+            lambda: proc.poll() is None and (s := container_state(run.name) or {}).get("Running") and s,
+            60,
+            "the container running",
+            logs=[log_path],
+        )
+        pid = int(state["Pid"])
+        in_network_namespace(pid, apiserver.start)
+        watcher = FakePluginWatcher(run.host_path_of("/var/lib/kubelet/plugins_registry"), root=f"/proc/{pid}/root")
+        watcher.start()
+        check_dra_pod(run, apiserver, watcher, root, log_path)
+        stop = image.podman("stop", "--time", str(run.grace_period), run.name, check=False, timeout=120)
+        assert stop.returncode == 0 and proc.wait(30) == 0, log_path.read_text(errors="replace")[-4000:]
+        log = log_path.read_text(errors="replace")
+        assert "Traceback (most recent call last)" not in log, log[-4000:]
+        registry = run.host_path_of("/var/lib/kubelet/plugins_registry")
+        assert sorted(p.name for p in registry.iterdir()) == [], "the registration socket withdrawn at the stop"
+    finally:
+        if proc.poll() is None:
+            image.podman("stop", "--time", "5", run.name, check=False, timeout=60)
+        image.podman("rm", "-f", "--ignore", run.name, check=False, timeout=60)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if watcher is not None:
+            watcher.stop()
+        apiserver.stop()
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)
+    assert watcher.violations() == [], "the fake plugin watcher saw contract violations"
+
+
+def check_dra_pod(
+    run: image.PodRun, apiserver: FakeApiServer, watcher: FakePluginWatcher, root: Path, log_path: Path
+) -> None:
+    plugin_dir = run.host_path_of(f"/var/lib/kubelet/plugins/{DRIVER}")
+    try:
+        registration = watcher.wait_registration(timeout=60)
+        assert (registration.name, registration.endpoint) == (DRIVER, f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock")
+        watcher.wait_usable(DRIVER, timeout=30)
+        apiserver.wait_published(NODE, DRIVER, {"cola-a", "cola-b"}, timeout=60)
+    except (AssertionError, TimeoutError) as exc:  # WaitTimeout included: add what colad said
+        raise AssertionError(f"{exc}\n--- podman run ---\n{log_path.read_text(errors='replace')[-4000:]}") from None
+    assert set(apiserver.identities) == {f"token:{TOKEN}"}
+    stored = apiserver.add_allocated_claim("default", "pair", DRIVER, NODE, ["cola-a", "cola-b"])
+    claim = Claim("default", "pair", stored["metadata"]["uid"])
+    kubelet = FakeDraKubelet(str(plugin_dir / "dra.sock"))
+    try:
+        outcome = kubelet.prepare([claim])
+        assert outcome.errors == {} and outcome.failed == "" and kubelet.violations == [], outcome
+        cdi_ids = [i for d in outcome.devices[claim.uid] for i in d.cdi_device_ids]
+        # The cdi hostPath is the node's /var/run/cdi: the runtime resolves the claim's IDs from it.
+        spec_dir = run.host_path_of("/var/run/cdi")
+        script = 'echo "devices $COLA_DEVICES"; echo "mode $MODE"'
+        result = image.run_with_cdi(root, spec_dir, cdi_ids, script, PODMAN_TIMEOUT)
+        assert result.returncode == 0, f"podman exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+        assert seen == {"devices": "cola-a,cola-b", "mode": "fast"}, result.stdout
+        assert kubelet.unprepare([claim]).errors == {}
+    finally:
+        kubelet.close()
+    assert not (run.host_path_of("/var/run/cdi") / f"k8s.{DRIVER}-claim_{claim.uid}.json").exists()

@@ -112,7 +112,9 @@ class FakePluginWatcher:
     """The plugin manager of one kubelet over `registry_dir`, with the DRA handler as its one handler.
 
     `kubelet_services` is the kubelet's list (an older kubelet knows other services); the timeouts and
-    `reconcile_period` only shorten tests.
+    `reconcile_period` only shorten tests. `root` is where the plugin's file system is seen from here when
+    the plugin runs in another mount namespace (`/proc/<pid>/root`): the kubelet dials the endpoint the
+    plugin names in the namespace they share on a node, the fake dials it under `root`.
     """
 
     def __init__(
@@ -123,8 +125,10 @@ class FakePluginWatcher:
         reconcile_period: float = RECONCILE_PERIOD,
         dial_timeout: float = DIAL_TIMEOUT,
         backoff_first: float = BACKOFF_FIRST,
+        root: str = "",
     ) -> None:
         self.registry_dir = Path(registry_dir)
+        self.root = root
         self.kubelet_services = tuple(kubelet_services)
         self.reconcile_period = reconcile_period
         self.dial_timeout = dial_timeout
@@ -367,7 +371,8 @@ class FakePluginWatcher:
         endpoints = self._endpoints.setdefault(driver, [])
         if any(ep.endpoint == endpoint for ep in endpoints):
             return f"endpoint {endpoint} already registered for DRA driver plugin {driver}"
-        ep = Endpoint(driver, endpoint, service, grpc.insecure_channel("unix:" + endpoint))
+        dialled = self.root + endpoint if os.path.isabs(endpoint) else endpoint
+        ep = Endpoint(driver, endpoint, service, grpc.insecure_channel("unix:" + dialled))
 
         def watch(state: grpc.ChannelConnectivity) -> None:
             with self._lock:
