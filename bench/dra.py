@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from bench import measure
 from bench.floor import Yardstick
@@ -77,15 +78,20 @@ class DraNode:
         self.watcher = FakePluginWatcher(root / "registry")
         self.reader = KubeClient(Credentials(from_kubeconfig(str(kubeconfig))), timeout=10.0)
         self.kubelet: FakeDraKubelet | None = None
+        self.calls_at_start: dict[str, int] = {}
         self._claims = itertools.count()
 
     def start(self, names: set[str]) -> float:
-        """Start over the files `names` (already there): seconds until the API server holds them all."""
+        """Start over the files `names` (already there): seconds until the API server holds them all;
+        `calls_at_start` counts the API calls made until then, by call_name."""
         self.watcher.start()
         self.subject.kubelet.start()  # a node's kubelet is there; colad in DRA mode must not register with it
         started = time.monotonic()
         self.subject.plugin.start(self.subject.root)
         published = self.api.wait_published(NODE, DRIVER, names, PUBLISHED_TIMEOUT)
+        with self.api.lock:
+            made = [call_name(method, path) for method, path, _ in self.api.requests]
+        self.calls_at_start = {call: made.count(call) for call in sorted(set(made))}
         self.subject.plugin.wait_ready()
         return published - started
 
@@ -310,10 +316,15 @@ def changes(dp: Subject, dra: DraNode, names: set[str], count: int, gap: float, 
 
 
 def call_name(method: str, path: str) -> str:
-    """ "GET slices" for a list or watch of slices, "PUT a slice" for one by name, else the method and path."""
-    parent, _, last = path.partition("?")[0].rpartition("/")
+    """ "LIST slices" or "WATCH slices" for a GET of the collection, "PUT a slice" for one by name, else the
+    method and path: a watch held open is one request, a list is a read the writes might have spared."""
+    resource, _, query = path.partition("?")
+    parent, _, last = resource.rpartition("/")
     if last == "resourceslices":
-        return f"{method} slices"
+        if method != "GET":
+            return f"{method} slices"
+        watch = parse_qs(query).get("watch", [""])[0] in ("1", "true")  # the API server's strconv.ParseBool
+        return "WATCH slices" if watch else "LIST slices"
     if parent.endswith("/resourceslices"):
         return f"{method} a slice"
     return f"{method} {parent}/{last}"
@@ -368,6 +379,7 @@ def starts(
                 dra.subject.create(*names)
                 runs[DRA].append(dra.start(names))
                 got[DRA]["slices"] = dra.slices()
+                got[DRA]["api_calls_at_start"] = dra.calls_at_start
     for mode in (DP, DRA):
         got[mode]["start"] = {"runs_ms": [ms(s) for s in runs[mode]], "median_ms": ms(statistics.median(runs[mode]))}
     assert dp is not None and dra is not None
@@ -397,6 +409,7 @@ def at_scale(base: Path, args: argparse.Namespace, pki: Pki, count: int, running
             figures["start_ms"] = ms(started)
             if dra:
                 figures["slices"] = dra.slices()
+                figures["api_calls_at_start"] = dra.calls_at_start
             settle(2.0)
             figures["memory"] = measure.memory(subject)
         finally:
@@ -581,9 +594,14 @@ def table(results: dict[str, Any]) -> str:
         lines.append("claim read by colad's client, ms, " + ", ".join(f"{k} {_cell(v, 0)}" for k, v in reads))
     runs = {mode: got.get(mode, {}).get("start", {}).get("runs_ms", []) for mode in (DP, DRA)}
     lines.append("start runs, ms: " + "; ".join(f"{mode} {' / '.join(map(str, r))}" for mode, r in runs.items()))
-    per_change = dra.get("api_calls_per_change", {})
-    if per_change:
-        lines.append("API calls per file change, DRA: " + ", ".join(f"{k} {v:g}" for k, v in per_change.items()))
+    calls = (
+        ("per file change", dra.get("api_calls_per_change", {})),
+        (f"at the start, {got['devices']} devices", dra.get("api_calls_at_start", {})),
+        (f"at the start, {n or 0:,} devices", dra.get("scale", {}).get(str(n), {}).get("api_calls_at_start", {})),
+    )
+    for what, made in calls:
+        if made:
+            lines.append(f"API calls {what}, DRA: " + ", ".join(f"{k} {v:g}" for k, v in made.items()))
     if got.get("violations"):
         lines.append("contract violations: " + "; ".join(got["violations"]))
     if got.get("error"):

@@ -38,9 +38,17 @@ def results() -> dict[str, Any]:
                 "prepare_sequential": {"p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 12.0, "refused": 0},
                 "prepare_concurrent": {"p50_ms": 9.0, "p99_ms": 14.0, "max_ms": 20.0, "refused": 3},
                 "slice_update": {"p50_ms": 8.0, "p99_ms": 10.0, "max_ms": 11.0},
-                "api_calls_per_change": {"GET slices": 1.0, "PUT a slice": 1.0},
+                "api_calls_per_change": {"PUT a slice": 1.0},
+                "api_calls_at_start": {"LIST slices": 1, "POST slices": 1, "WATCH slices": 1},
                 "memory": {"total": {"rss_mib": 104.0, "pss_mib": 63.5}},
-                "scale": {"10000": {"start_ms": 1500.0, "slices": 79, "memory": {"total": {"pss_mib": 90.0}}}},
+                "scale": {
+                    "10000": {
+                        "start_ms": 1500.0,
+                        "slices": 79,
+                        "api_calls_at_start": {"POST slices": 79},
+                        "memory": {"total": {"pss_mib": 90.0}},
+                    }
+                },
             },
             "api": {
                 "claim_read_sequential": {"p50_ms": 3.0, "p99_ms": 5.0},
@@ -105,7 +113,9 @@ def test_the_table_shows_both_modes_their_ratio_the_scale_and_what_stopped_the_p
     assert next(line for line in lines if line.startswith("one claim: unprepare p50")).split()[-3:] == ["-", "-", "-"]
     assert "10,000 devices, each mode alone (79 slices)" in lines
     assert "start runs, ms: colad 400.0 / 500.0 / 450.0; colad-dra 600.0" in lines
-    assert "API calls per file change, DRA: GET slices 1, PUT a slice 1" in lines
+    assert "API calls per file change, DRA: PUT a slice 1" in lines
+    assert "API calls at the start, 10 devices, DRA: LIST slices 1, POST slices 1, WATCH slices 1" in lines
+    assert "API calls at the start, 10,000 devices, DRA: POST slices 79" in lines
     assert lines[-2].startswith("contract violations: DRA kubelet: claim u")
     assert lines[-1].startswith("the DRA phase stopped: DraFailure")
 
@@ -117,7 +127,11 @@ def test_order_turns_every_other_round() -> None:
 @pytest.mark.parametrize(
     ("method", "path", "name"),
     [
-        ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-1", "GET slices"),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-1", "LIST slices"),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?watch=1&resourceVersion=7", "WATCH slices"),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?resourceVersion=7&watch=true", "WATCH slices"),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?watch=false", "LIST slices"),
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices", "POST slices"),
         ("PUT", "/apis/resource.k8s.io/v1/resourceslices/00000-cola.myway5.com-node-1-q7rcl", "PUT a slice"),
         ("GET", "/api/v1/nodes/node-1", "GET /api/v1/nodes/node-1"),
     ],
