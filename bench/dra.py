@@ -170,29 +170,6 @@ def read_claim(node: DraNode, claim: Claim) -> float:
     return time.perf_counter() - started
 
 
-def together(callers: int, count: int, work: Callable[[int], None]) -> None:
-    """`work(ticket)` for tickets 0..count-1, shared by `callers` threads that all start together."""
-    tickets = itertools.count()
-    start = threading.Barrier(callers)
-    errors: list[BaseException] = []
-
-    def caller() -> None:
-        start.wait()
-        try:
-            while (ticket := next(tickets)) < count:
-                work(ticket)
-        except BaseException as exc:  # re-raised on the bench's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=caller, name=f"caller-{n}") for n in range(callers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
 def order(i: int, pair: Sequence[Any]) -> Sequence[Any]:
     return pair if i % 2 == 0 else list(reversed(pair))
 
@@ -267,10 +244,10 @@ def at_once(
                 refused["allocate"] += refusals
             elif step == "prepare":
                 before = measure.cpu([dra.subject])
-                together(callers, per_round, prepares(claims))
+                measure.together(callers, per_round, prepares(claims))
                 cpu[DRA] += measure.cpu_per_operation(before, measure.cpu([dra.subject]), 1)[DRA]["total"]
             else:
-                together(callers, per_round, reads(claims))
+                measure.together(callers, per_round, reads(claims))
     calls = per_round * rounds
     got[DP]["allocate_concurrent"] = {**summary(seconds["allocate"]), "refused": refused["allocate"]}
     got[DP].setdefault("cpu_ms", {})["allocate_concurrent"] = {"total": round(cpu[DP] / calls, 3)}

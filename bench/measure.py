@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -156,29 +156,17 @@ def allocate_sequential(subjects: Sequence[Subject], devices: Sequence[str], cou
     return seconds
 
 
-def _allocate_burst(
-    subject: Subject, requests: Sequence[pb.AllocateRequest], count: int, callers: int
-) -> tuple[list[float], int]:
-    """`count` Allocate calls shared by `callers` threads that all start together; and how many were refused.
-
-    A plugin may refuse calls past its worker pool (RESOURCE_EXHAUSTED) rather than queue them: such a
-    call is made again at once, and its time runs from the first attempt to the answer.
-    """
+def together(callers: int, count: int, work: Callable[[int], None]) -> None:
+    """`work(ticket)` for tickets 0..count-1, shared by `callers` threads that all start together."""
     tickets = itertools.count()
     start = threading.Barrier(callers)
-    seconds: list[float] = []
-    refused: list[int] = []
     errors: list[BaseException] = []
 
     def caller() -> None:
         start.wait()
         try:
             while (ticket := next(tickets)) < count:
-                request = requests[ticket % len(requests)]
-                started = time.perf_counter()
-                while not _allocated(subject, request):
-                    refused.append(ticket)
-                seconds.append(time.perf_counter() - started)
+                work(ticket)
         except BaseException as exc:  # re-raised on the bench's thread
             errors.append(exc)
 
@@ -189,6 +177,27 @@ def _allocate_burst(
         thread.join()
     if errors:
         raise errors[0]
+
+
+def _allocate_burst(
+    subject: Subject, requests: Sequence[pb.AllocateRequest], count: int, callers: int
+) -> tuple[list[float], int]:
+    """`count` Allocate calls shared by `callers` threads that all start together; and how many were refused.
+
+    A plugin may refuse calls past its worker pool (RESOURCE_EXHAUSTED) rather than queue them: such a
+    call is made again at once, and its time runs from the first attempt to the answer.
+    """
+    seconds: list[float] = []
+    refused: list[int] = []
+
+    def allocate(ticket: int) -> None:
+        request = requests[ticket % len(requests)]
+        started = time.perf_counter()
+        while not _allocated(subject, request):
+            refused.append(ticket)
+        seconds.append(time.perf_counter() - started)
+
+    together(callers, count, allocate)
     return seconds, len(refused)
 
 

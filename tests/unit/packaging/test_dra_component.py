@@ -333,19 +333,21 @@ def test_the_policy_refuses_other_slices(
     assert isinstance(verdict, list) and any(reason in message for message in verdict), verdict
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("system:serviceaccount:kube-system:colad-readiness-reporter", id="another-service-account"),
-        pytest.param("system:serviceaccount:kube-system:colad-dra", id="a-longer-name"),
-        pytest.param("system:serviceaccount:kube-system:xcolad", id="a-name-ending-in-colad"),
-        pytest.param("system:serviceaccount:colad:colad-x", id="the-namespace-colad"),
-        pytest.param("system:node:node-1", id="the-kubelet"),
-        pytest.param("system:node:colad", id="a-node-named-colad"),
-        pytest.param("colad", id="a-certificate-user"),
-        pytest.param("x:colad", id="a-certificate-user-ending-in-colad"),
-    ],
-)
+# Users colad's admission policies must not match: their own RBAC, the node authorizer and NodeRestriction
+# decide (both policies match colad's ServiceAccount alike; test_node_readiness.py uses these too).
+OTHER_USERS = [
+    pytest.param("system:serviceaccount:kube-system:colad-readiness-reporter", id="another-service-account"),
+    pytest.param("system:serviceaccount:kube-system:colad-dra", id="a-longer-name"),
+    pytest.param("system:serviceaccount:kube-system:xcolad", id="a-name-ending-in-colad"),
+    pytest.param("system:serviceaccount:colad:colad-x", id="the-namespace-colad"),
+    pytest.param("system:node:node-1", id="the-kubelet"),
+    pytest.param("system:node:colad", id="a-node-named-colad"),
+    pytest.param("colad", id="a-certificate-user"),
+    pytest.param("x:colad", id="a-certificate-user-ending-in-colad"),
+]
+
+
+@pytest.mark.parametrize("name", OTHER_USERS)
 def test_the_policy_leaves_other_users_to_their_own_rules(name: str) -> None:
     assert write("CREATE", user(name), colads_slice("node-2")) == Verdict.NOT_MATCHED
 

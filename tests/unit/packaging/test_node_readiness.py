@@ -27,7 +27,7 @@ import pytest
 
 from colad.health.rule import DRA_SERVING, dra_registration_problem, slices_problem
 from colad.outputs.statefile import PluginState, SliceStatus
-from tests.unit.packaging.test_dra_component import NODE_NAME_KEY, Verdict, evaluate, user
+from tests.unit.packaging.test_dra_component import NODE_NAME_KEY, OTHER_USERS, Verdict, evaluate, user
 from tests.unit.packaging.test_dra_component import policy as slice_policy
 
 pytestmark = pytest.mark.unit
@@ -423,16 +423,7 @@ def test_the_status_policy_refuses_other_writes(who: dict[str, Any], new: dict[s
     assert isinstance(verdict, list) and any(reason in message for message in verdict), verdict
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("system:serviceaccount:kube-system:colad-readiness-reporter", id="another-service-account"),
-        pytest.param("system:serviceaccount:kube-system:xcolad", id="a-name-ending-in-colad"),
-        pytest.param("system:node:node-1", id="the-kubelet"),
-        pytest.param("system:node:colad", id="a-node-named-colad"),
-        pytest.param("colad", id="a-certificate-user"),
-    ],
-)
+@pytest.mark.parametrize("name", OTHER_USERS)
 def test_the_status_policy_leaves_other_users_to_their_own_rules(name: str) -> None:
     other_node = kubelets_node("node-2")
     new = changed(other_node, lambda n: n["status"].update(capacity={}))
