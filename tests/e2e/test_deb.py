@@ -422,6 +422,9 @@ def check_dra(
     conf = etc / "colad.toml"
     conf.write_text(conf.read_text() + f'\nmode = "dra"\nkubeconfig = "/etc/colad/kubeconfig"\nnode_name = "{NODE}"\n')
     wait_until(lambda: show(box, "ActiveState") == "active", 30, f"{UNIT} active")
+    # Type=exec makes the unit active at exec: a reload before the plugin holds SIGHUP (it logs "plugin
+    # starting" once it does) could find supervisord not up yet, or end the plugin instead.
+    wait_journal(box, 'msg="plugin starting"')
     box.run("systemctl", "reload", UNIT)
     step("kubeconfig written, colad.toml set to DRA mode, reloaded")
 
