@@ -16,9 +16,7 @@ import ast
 import importlib
 import inspect
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,6 +26,7 @@ from colad.core.devices import Device, DeviceSet
 from colad.core.slices import plan, pool, slice_object
 from colad.kube import access
 from colad.kube.client import KubeClient
+from tests.unit.packaging.test_kubernetes_manifests import need
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,16 +50,6 @@ CALLS: dict[str, tuple[str, str, str]] = {
     "get_claim": ("resource.k8s.io", "resourceclaims", "get"),
     "get_node": ("", "nodes", "get"),
 }
-
-
-def need(name: str) -> ModuleType:
-    """A module .venv must have (make setup); Debian's python3 for the .deb build may lack it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        if sys.prefix != sys.base_prefix:
-            pytest.fail(f"{name} is missing from .venv (make setup installs it)")
-        pytest.skip(f"{name} is not installed")
 
 
 def load(name: str, folder: Path = DRA) -> list[dict[str, Any]]:

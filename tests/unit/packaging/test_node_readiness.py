@@ -14,13 +14,9 @@ of tests/unit/packaging/test_dra_component.py) against the writes upstream's rea
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.resources
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,6 +25,7 @@ from colad.health.rule import DRA_SERVING, dra_registration_problem, slices_prob
 from colad.outputs.statefile import PluginState, SliceStatus
 from tests.unit.packaging.test_dra_component import NODE_NAME_KEY, OTHER_USERS, Verdict, evaluate, user
 from tests.unit.packaging.test_dra_component import policy as slice_policy
+from tests.unit.packaging.test_kubernetes_manifests import need
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,16 +37,6 @@ K8S_VERSION = "1.30.0"
 CONDITION_TYPE = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])\Z"
 )
-
-
-def need(name: str) -> ModuleType:
-    """A module .venv must have (make setup); Debian's python3 for the .deb build may lack it."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        if sys.prefix != sys.base_prefix:
-            pytest.fail(f"{name} is missing from .venv (make setup installs it)")
-        pytest.skip(f"{name} is not installed")
 
 
 def load(path: Path) -> list[dict[str, Any]]:
